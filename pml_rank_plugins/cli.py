@@ -1,0 +1,1 @@
+"""Command line interface (``pml-rank``); filled in by the config/runner work."""
