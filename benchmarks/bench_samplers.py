@@ -69,8 +69,10 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, init, epoch, batches, n_short in rows:
         print(f"| {name} | {init:.3f} | {epoch:.3f} | {batches} | {n_short} |")
-    print(f"epoch-construction ratio PML / ours: {pml_epoch / ours_epoch:.2f}x "
-          f"(target: ours < 1 s: {'met' if ours_epoch < 1 else 'NOT met'})")
+    print(
+        f"epoch-construction ratio PML / ours: {pml_epoch / ours_epoch:.2f}x "
+        f"(target: ours < 1 s: {'met' if ours_epoch < 1 else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

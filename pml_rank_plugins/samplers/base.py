@@ -101,17 +101,19 @@ class ClassBatchSampler(BatchSampler):
         """All batches of ``epoch`` for this rank (does not change the sampler's epoch)."""
         generator = self._generator(epoch)
         specs = self._epoch_specs(generator)
-        padded = -len(specs) % self.num_replicas
-        if padded:
-            picks = torch.randint(len(specs), (padded,), generator=generator).tolist()
-            specs = specs + [specs[i] for i in picks]
         cursors = {
             key: PoolCursor(members, generator) for key, members in self._pool_members.items()
         }
-        batches = []
-        for spec in specs:
+
+        def fill(spec) -> list[int]:
             parts = [fill_part(self.pools, cursors[key], size, generator) for key, size in spec]
-            batches.append(np.concatenate(parts).tolist())
+            return np.concatenate(parts).tolist()
+
+        batches = [fill(spec) for spec in specs]
+        padding = -len(specs) % self.num_replicas
+        if padding:
+            picks = torch.randint(len(specs), (padding,), generator=generator).tolist()
+            batches += [fill(specs[i]) for i in picks]
         # Every rank builds the whole epoch from the same generator, then keeps its own slice, so
         # the shards are exactly the single-process epoch (plus padding) split R ways.
         return batches[self.rank :: self.num_replicas]

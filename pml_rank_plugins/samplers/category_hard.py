@@ -46,9 +46,13 @@ class CategoryHardSampler(ClassBatchSampler):
         rank: int = 0,
         categories=None,
     ):
-        super().__init__(labels, batch_size, categories, samples_per_class, seed, num_replicas, rank)
+        super().__init__(
+            labels, batch_size, categories, samples_per_class, seed, num_replicas, rank
+        )
         if not isinstance(categories_per_batch, int) or categories_per_batch < 2:
-            raise ValueError(f"categories_per_batch must be an int >= 2, got {categories_per_batch!r}")
+            raise ValueError(
+                f"categories_per_batch must be an int >= 2, got {categories_per_batch!r}"
+            )
         if batch_size % categories_per_batch:
             raise ValueError(
                 f"batch_size ({batch_size}) must be divisible by categories_per_batch "
@@ -63,7 +67,9 @@ class CategoryHardSampler(ClassBatchSampler):
         self.categories_per_batch = categories_per_batch
         class_category = self.pools.class_category
         candidates = {
-            int(c): self.pools.pool(c) for c in sorted(set(class_category.tolist())) if c != UNLABELED
+            int(c): self.pools.pool(c)
+            for c in sorted(set(class_category.tolist()))
+            if c != UNLABELED
         }
         usable = self._usable_pools(candidates, self.part_size, "category")
         if len(usable) < categories_per_batch:

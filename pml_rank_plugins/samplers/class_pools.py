@@ -36,7 +36,9 @@ class ClassPools:
 
     def __init__(self, labels: np.ndarray, samples_per_class="all"):
         if not (samples_per_class == "all" or _is_int(samples_per_class)):
-            raise ValueError(f'samples_per_class must be "all" or an int, got {samples_per_class!r}')
+            raise ValueError(
+                f'samples_per_class must be "all" or an int, got {samples_per_class!r}'
+            )
         if samples_per_class != "all" and samples_per_class < 2:
             raise ValueError(
                 f"samples_per_class must be >= 2 so every query has a positive, got {samples_per_class}"

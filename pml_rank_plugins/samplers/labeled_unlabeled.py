@@ -32,7 +32,9 @@ class LabeledUnlabeledSampler(ClassBatchSampler):
         rank: int = 0,
         categories=None,
     ):
-        super().__init__(labels, batch_size, categories, samples_per_class, seed, num_replicas, rank)
+        super().__init__(
+            labels, batch_size, categories, samples_per_class, seed, num_replicas, rank
+        )
         if batch_size % 2:
             raise ValueError(f"batch_size must be even (two halves), got {batch_size}")
         self.part_size = batch_size // 2
@@ -41,11 +43,15 @@ class LabeledUnlabeledSampler(ClassBatchSampler):
         unlabeled = self.pools.pool(UNLABELED)
         problem = self.pools.pool_problem(unlabeled, self.part_size)
         if problem is not None:
-            raise ValueError(f"the unlabeled items (category -1) cannot fill a half: they {problem}")
+            raise ValueError(
+                f"the unlabeled items (category -1) cannot fill a half: they {problem}"
+            )
         self._add_pool(_UNLABELED_POOL, unlabeled)
         class_category = self.pools.class_category
         candidates = {
-            int(c): self.pools.pool(c) for c in sorted(set(class_category.tolist())) if c != UNLABELED
+            int(c): self.pools.pool(c)
+            for c in sorted(set(class_category.tolist()))
+            if c != UNLABELED
         }
         usable = self._usable_pools(candidates, self.part_size, "category")
         if not usable:

@@ -30,7 +30,9 @@ class RandomClassSampler(ClassBatchSampler):
     ):
         if categories is None and np.ndim(labels) == 1:
             categories = np.zeros(len(labels), dtype=np.int64)  # categories play no role here
-        super().__init__(labels, batch_size, categories, samples_per_class, seed, num_replicas, rank)
+        super().__init__(
+            labels, batch_size, categories, samples_per_class, seed, num_replicas, rank
+        )
         members = self.pools.pool()
         problem = self.pools.pool_problem(members, self.batch_size)
         if problem is not None:
