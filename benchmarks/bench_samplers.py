@@ -65,7 +65,7 @@ def main() -> None:
         ("HierarchicalSampler (PML)", pml_init, pml_epoch, len(pml.batches), short),
         ("RandomClassSampler (ours)", float("nan"), rand_epoch, len(rand), 0),
     ]
-    print(f"| sampler | init s | epoch s | batches | short batches |")
+    print("| sampler | init s | epoch s | batches | short batches |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, init, epoch, batches, n_short in rows:
         print(f"| {name} | {init:.3f} | {epoch:.3f} | {batches} | {n_short} |")
