@@ -1,0 +1,127 @@
+"""Common machinery of the class-structured batch samplers.
+
+Every sampler here plans an epoch as a list of *batch specs* -- for each batch, the pools its parts
+are drawn from -- and fills each part with :func:`~.class_pools.fill_part`. This base class owns
+everything else: label parsing, the private generator, epochs, sharding and ``__len__``.
+
+Randomness: a private ``torch.Generator`` seeded from ``(seed, epoch)``; the global RNGs are never
+touched. ``set_epoch(e)`` selects the epoch of the next iteration; every ``__iter__`` then advances
+the epoch by one, so a PML trainer (which just re-iterates the DataLoader) gets a fresh but
+reproducible shuffle each epoch, and DDP users calling ``set_epoch`` get the usual semantics.
+
+Sharding: the epoch's batches are padded with extra batches (drawn from randomly chosen specs of the
+same epoch, with fresh classes) to a multiple of ``num_replicas``; rank ``r`` yields batches
+``r, r + R, r + 2R, ...``. Ranks get disjoint batches and the same count, ``ceil(B / R)``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler
+
+from ..data.labels import as_two_level
+from .class_pools import ClassPools, PoolCursor, _is_int, fill_part
+
+
+class ClassBatchSampler(BatchSampler):
+    """Base for samplers that build batches of exactly ``batch_size`` indices from whole classes.
+
+    Subclasses set up their pools in ``__init__`` and implement :meth:`_epoch_specs`, returning one
+    spec per batch: a tuple of ``(pool_key, part_size)`` pairs whose sizes add up to ``batch_size``.
+    """
+
+    def __init__(
+        self,
+        labels,
+        batch_size: int,
+        categories=None,
+        samples_per_class="all",
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ):
+        if not _is_int(batch_size) or batch_size < 2:
+            raise ValueError(f"batch_size must be an int >= 2, got {batch_size!r}")
+        if not _is_int(num_replicas) or num_replicas < 1:
+            raise ValueError(f"num_replicas must be an int >= 1, got {num_replicas!r}")
+        if not _is_int(rank) or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank!r}")
+        self.labels = as_two_level(labels, categories)
+        super().__init__(range(len(self.labels)), int(batch_size), drop_last=False)
+        self.pools = ClassPools(self.labels, samples_per_class)
+        if self.pools.num_singletons:
+            warnings.warn(
+                f"{self.pools.num_singletons} class(es) have a single item and are never sampled "
+                "(a query needs a positive)",
+                stacklevel=3,
+            )
+        self.samples_per_class = samples_per_class
+        self.seed = int(seed)
+        self.num_replicas = int(num_replicas)
+        self.rank = int(rank)
+        self.epoch = 0
+        self._pool_members: dict = {}
+
+    # -- subclass interface -------------------------------------------------------------------
+    def _epoch_specs(self, generator: torch.Generator) -> list[tuple]:
+        raise NotImplementedError
+
+    def _num_epoch_batches(self) -> int:
+        raise NotImplementedError
+
+    # -- pools ------------------------------------------------------------------------------------
+    def _add_pool(self, key, members: np.ndarray) -> None:
+        self._pool_members[key] = members
+
+    def _usable_pools(self, candidates: dict, size: int, what: str) -> dict:
+        """Keep the candidate pools that can fill ``size`` items; warn naming each excluded one."""
+        usable = {}
+        for key, members in candidates.items():
+            problem = self.pools.pool_problem(members, size)
+            if problem is None:
+                usable[key] = members
+            else:
+                warnings.warn(f"{what} {key!r} excluded: it {problem}", stacklevel=3)
+        return usable
+
+    # -- epochs, sharding, iteration ---------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the next iteration (later iterations continue from it)."""
+        self.epoch = int(epoch)
+
+    def _generator(self, epoch: int) -> torch.Generator:
+        state = np.random.SeedSequence([self.seed, epoch]).generate_state(2, dtype=np.uint32)
+        return torch.Generator().manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """All batches of ``epoch`` for this rank (does not change the sampler's epoch)."""
+        generator = self._generator(epoch)
+        specs = self._epoch_specs(generator)
+        cursors = {
+            key: PoolCursor(members, generator) for key, members in self._pool_members.items()
+        }
+
+        def fill(spec) -> list[int]:
+            parts = [fill_part(self.pools, cursors[key], size, generator) for key, size in spec]
+            return np.concatenate(parts).tolist()
+
+        batches = [fill(spec) for spec in specs]
+        padding = -len(specs) % self.num_replicas
+        if padding:
+            picks = torch.randint(len(specs), (padding,), generator=generator).tolist()
+            batches += [fill(specs[i]) for i in picks]
+        # Every rank builds the whole epoch from the same generator, then keeps its own slice, so
+        # the shards are exactly the single-process epoch (plus padding) split R ways.
+        return batches[self.rank :: self.num_replicas]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.epoch_batches(self.epoch)
+        self.epoch += 1
+        return iter(batches)
+
+    def __len__(self) -> int:
+        return -(-self._num_epoch_batches() // self.num_replicas)

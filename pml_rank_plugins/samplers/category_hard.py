@@ -1,0 +1,95 @@
+"""FastAP's category-hard minibatches (Cakir et al. CVPR 2019, supplementary sec. A)."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ..data.labels import UNLABELED
+from .base import ClassBatchSampler
+
+
+class CategoryHardSampler(ClassBatchSampler):
+    """Batches of ``categories_per_batch`` categories, ``batch_size / categories_per_batch`` each.
+
+    One epoch visits every unordered combination of ``categories_per_batch`` distinct categories
+    (pairs by default), ``batches_per_pair`` batches each, in shuffled order:
+    ``len = C(num_categories, categories_per_batch) * batches_per_pair`` (e.g. Stanford Online
+    Products: C(12, 2) * 5 = 330). Each part is filled with whole classes of its category in
+    reshuffled order (see :mod:`.class_pools` for the exact-size policy: overshooting classes are
+    subsampled, every class keeps >= 2 items, never a short batch).
+
+    Categories that cannot fill a part (too few items in classes of >= 2 items, or an odd part
+    made only of two-item classes) and unlabeled items (category -1) are excluded with a warning
+    naming them; fewer than ``categories_per_batch`` usable categories is a ``ValueError``.
+
+    Args:
+        labels: ``(N, 2)`` [class, category] array, or the 1-D class array with ``categories``.
+        batch_size: items per batch (per rank), divisible by ``categories_per_batch``.
+        batches_per_pair: batches per combination of categories per epoch.
+        categories_per_batch: categories in each batch (2 in the paper).
+        samples_per_class: ``"all"`` (paper) or the most items a class contributes to a batch.
+        seed, num_replicas, rank: see :class:`~.base.ClassBatchSampler`.
+        categories: optional 1-D category array when ``labels`` is 1-D.
+    """
+
+    def __init__(
+        self,
+        labels,
+        batch_size: int,
+        batches_per_pair: int = 5,
+        categories_per_batch: int = 2,
+        samples_per_class="all",
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+        categories=None,
+    ):
+        super().__init__(
+            labels, batch_size, categories, samples_per_class, seed, num_replicas, rank
+        )
+        if not isinstance(categories_per_batch, int) or categories_per_batch < 2:
+            raise ValueError(
+                f"categories_per_batch must be an int >= 2, got {categories_per_batch!r}"
+            )
+        if batch_size % categories_per_batch:
+            raise ValueError(
+                f"batch_size ({batch_size}) must be divisible by categories_per_batch "
+                f"({categories_per_batch})"
+            )
+        if not isinstance(batches_per_pair, int) or batches_per_pair < 1:
+            raise ValueError(f"batches_per_pair must be an int >= 1, got {batches_per_pair!r}")
+        self.part_size = batch_size // categories_per_batch
+        if self.part_size < 2:
+            raise ValueError(f"each category's part must hold >= 2 items, got {self.part_size}")
+        self.batches_per_pair = batches_per_pair
+        self.categories_per_batch = categories_per_batch
+        class_category = self.pools.class_category
+        candidates = {
+            int(c): self.pools.pool(c)
+            for c in sorted(set(class_category.tolist()))
+            if c != UNLABELED
+        }
+        usable = self._usable_pools(candidates, self.part_size, "category")
+        if len(usable) < categories_per_batch:
+            raise ValueError(
+                f"need >= {categories_per_batch} categories able to fill {self.part_size} items "
+                f"each, found {len(usable)} (of {len(candidates)} labeled categories)"
+            )
+        for key, members in usable.items():
+            self._add_pool(key, members)
+        self.categories = sorted(usable)
+        self.combinations = list(itertools.combinations(self.categories, categories_per_batch))
+
+    def _num_epoch_batches(self) -> int:
+        return len(self.combinations) * self.batches_per_pair
+
+    def _epoch_specs(self, generator: torch.Generator) -> list[tuple]:
+        specs = [
+            tuple((category, self.part_size) for category in combination)
+            for combination in self.combinations
+            for _ in range(self.batches_per_pair)
+        ]
+        order = torch.randperm(len(specs), generator=generator).tolist()
+        return [specs[i] for i in order]

@@ -1,0 +1,87 @@
+"""FastAP's PKU VehicleID batches: half one labeled category, half unlabeled classes."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..data.labels import UNLABELED
+from .base import ClassBatchSampler
+
+_UNLABELED_POOL = "unlabeled"
+
+
+class LabeledUnlabeledSampler(ClassBatchSampler):
+    """Each batch: ``batch_size / 2`` items of one labeled category (vehicle model) and
+    ``batch_size / 2`` items of random classes whose category is -1 (no model label).
+
+    Epoch length ``floor(sum_c 2 N_c / batch_size)`` over usable labeled categories (``N_c`` their
+    item counts); the batches are apportioned to categories in proportion to ``N_c`` (largest
+    remainder) and shuffled. Labeled categories that cannot fill a half are excluded with a warning
+    naming them; no usable labeled category, or unlabeled items that cannot fill a half, is a
+    ``ValueError``.
+    """
+
+    def __init__(
+        self,
+        labels,
+        batch_size: int,
+        samples_per_class="all",
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+        categories=None,
+    ):
+        super().__init__(
+            labels, batch_size, categories, samples_per_class, seed, num_replicas, rank
+        )
+        if batch_size % 2:
+            raise ValueError(f"batch_size must be even (two halves), got {batch_size}")
+        self.part_size = batch_size // 2
+        if self.part_size < 2:
+            raise ValueError(f"each half must hold >= 2 items, got {self.part_size}")
+        unlabeled = self.pools.pool(UNLABELED)
+        problem = self.pools.pool_problem(unlabeled, self.part_size)
+        if problem is not None:
+            raise ValueError(
+                f"the unlabeled items (category -1) cannot fill a half: they {problem}"
+            )
+        self._add_pool(_UNLABELED_POOL, unlabeled)
+        class_category = self.pools.class_category
+        candidates = {
+            int(c): self.pools.pool(c)
+            for c in sorted(set(class_category.tolist()))
+            if c != UNLABELED
+        }
+        usable = self._usable_pools(candidates, self.part_size, "category")
+        if not usable:
+            raise ValueError(f"no labeled category can fill a half of {self.part_size} items")
+        for key, members in usable.items():
+            self._add_pool(key, members)
+        self.categories = sorted(usable)
+        sizes = np.array([self.pools.counts[usable[c]].sum() for c in self.categories], float)
+        self.batches_per_category = _apportion(sizes, int(2 * sizes.sum() // batch_size))
+
+    def _num_epoch_batches(self) -> int:
+        return max(1, int(self.batches_per_category.sum()))
+
+    def _epoch_specs(self, generator: torch.Generator) -> list[tuple]:
+        specs = [
+            ((category, self.part_size), (_UNLABELED_POOL, self.part_size))
+            for category, count in zip(self.categories, self.batches_per_category)
+            for _ in range(count)
+        ]
+        if not specs:  # fewer labeled items than half a batch: one batch of the largest category
+            largest = self.categories[int(np.argmax(self.batches_per_category))]
+            specs = [((largest, self.part_size), (_UNLABELED_POOL, self.part_size))]
+        order = torch.randperm(len(specs), generator=generator).tolist()
+        return [specs[i] for i in order]
+
+
+def _apportion(weights: np.ndarray, total: int) -> np.ndarray:
+    """Split ``total`` into integers proportional to ``weights`` (largest remainder method)."""
+    quotas = weights / weights.sum() * total
+    counts = np.floor(quotas).astype(np.int64)
+    remainder = total - counts.sum()
+    counts[np.argsort(-(quotas - counts), kind="stable")[:remainder]] += 1
+    return counts
