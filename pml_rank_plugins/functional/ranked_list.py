@@ -32,6 +32,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from .validation import check_finite, compute_dtype
+
 
 class RankedListTerms(NamedTuple):
     """Per-query RLL terms, each of shape ``(N,)``.
@@ -151,6 +153,9 @@ def ranked_list_terms(
     for name, w in (("neg_weights", neg_weights), ("pos_weights", pos_weights)):
         if w is not None and w.shape != dist.shape:
             raise ValueError(f"{name} must have shape {tuple(dist.shape)}, got {tuple(w.shape)}")
+    check_finite(dist, "dist")
+    # float16/bfloat16 distances are summed in float32; the gradient flows back in their dtype.
+    dist = dist.to(compute_dtype(dist.dtype))
     if (pos_mask & neg_mask).any():
         raise ValueError("a (query, reference) pair is marked both positive and negative")
     pos_thr = alpha - margin
