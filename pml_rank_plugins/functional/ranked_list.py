@@ -85,32 +85,67 @@ def mine_non_trivial(
         return pos_mask & (dist > alpha - margin), neg_mask & (dist < alpha)
 
 
+def _masked_exp(
+    d: torch.Tensor, mask: torch.Tensor, temperature: float, sign: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unnormalized weights ``e = exp(sign T (d - ext))`` on ``mask`` (0 elsewhere) and row sums.
+
+    ``ext`` is the row maximum (``sign = +1``) or minimum (``sign = -1``) of ``d`` over the mask,
+    so every exponent on the mask is <= 0 and the largest is 0: no overflow for any finite ``T``,
+    and each non-empty row sums to >= 1. ``e / sum`` is the softmax of ``sign T d`` over the mask,
+    which equals the softmax of ``sign T (d - c)`` for any constant ``c`` (e.g. ``alpha``).
+    No gradient; a few ``(N, M)`` passes.
+    """
+    if temperature == 0.0:
+        e = mask.to(d.dtype)
+    else:
+        fill = float("-inf") if sign > 0 else float("inf")
+        masked = torch.where(mask, d, fill)
+        ext = masked.amax(dim=1, keepdim=True) if sign > 0 else masked.amin(dim=1, keepdim=True)
+        del masked
+        ext = torch.where(torch.isfinite(ext), ext, torch.zeros_like(ext))
+        # Difference first, then scale: the row's extreme gets exactly 0 (never inf - inf) and
+        # off-mask exponents that overflow to inf are zeroed right after.
+        e = torch.sub(d, ext).mul_(sign * temperature).exp_().masked_fill_(~mask, 0.0)
+    return e, e.sum(dim=1)
+
+
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
     """Row-wise softmax of ``temperature * scores`` restricted to ``mask``; zero elsewhere.
 
-    ``w_ij = exp(T s_ij) / sum_{k in mask_i} exp(T s_ik)`` for ``j`` in ``mask_i``. The row maximum
-    over the mask is subtracted before ``exp``, so every exponent is <= 0 on the mask and the
-    largest is exactly 0: no overflow for any finite ``T``, the row sum is >= 1, and ``T = 0``
-    gives uniform weights. Rows with an empty mask are all zero (never NaN). No gradient.
-    Shapes ``(N, M)``; O(N M).
+    ``w_ij = exp(T s_ij) / sum_{k in mask_i} exp(T s_ik)`` for ``j`` in ``mask_i``, computed with
+    the row maximum over the mask subtracted: no overflow for any finite ``T`` (also in float16),
+    ``T = 0`` gives uniform weights, rows with an empty mask are all zero (never NaN).
+    No gradient. Shapes ``(N, M)``; O(N M).
     """
     with torch.no_grad():
-        row_max = scores.masked_fill(~mask, float("-inf")).amax(dim=1, keepdim=True)
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        # Off-mask exponents may overflow to inf; they are replaced by 0 right away.
-        e = torch.exp((scores - row_max) * temperature).masked_fill_(~mask, 0.0)
-        return e / e.sum(dim=1, keepdim=True).clamp_min_(1.0)
+        e, total = _masked_exp(scores, mask, temperature, sign=1.0)
+        return e.div_(total.clamp_min(1.0).unsqueeze(1))
 
 
-def normalize_weights(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Given non-negative ``(N, M)`` weights, renormalize each row over ``mask`` to sum to 1.
+def _given_weights(weights: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype):
+    """Caller-supplied non-negative weights restricted to ``mask``, and their row sums."""
+    e = weights.to(dtype).masked_fill(~mask, 0.0)
+    return e, e.sum(dim=1)
 
-    Rows whose masked weights sum to 0 are all zero. No gradient; O(N M).
+
+class _LinearInDistance(torch.autograd.Function):
+    """Returns precomputed per-query ``value``; backward: ``d value_i / d dist_ij = coef_ij``.
+
+    Exact for RLL with constant weights: on the mined pairs every hinge is active, so each
+    query's loss is linear in its distances with coefficient ``w+`` (positives) or ``-lam w-``
+    (negatives), and 0 elsewhere. Saves one ``(N, M)`` matrix; backward is one pass.
     """
-    with torch.no_grad():
-        w = weights.masked_fill(~mask, 0.0)
-        total = w.sum(dim=1, keepdim=True)
-        return torch.where(total > 0, w / torch.where(total > 0, total, 1.0), 0.0)
+
+    @staticmethod
+    def forward(ctx, dist, coef, value):
+        ctx.save_for_backward(coef)
+        return value
+
+    @staticmethod
+    def backward(ctx, grad_value):
+        (coef,) = ctx.saved_tensors
+        return coef * grad_value.unsqueeze(1), None, None
 
 
 def ranked_list_terms(
@@ -129,6 +164,7 @@ def ranked_list_terms(
 
     Args:
         dist: ``(N, M)`` distances (finite, floating point); gradient flows through it.
+            float16/bfloat16 is computed in float32 (the gradient returns in ``dist.dtype``).
         pos_mask, neg_mask: ``(N, M)`` disjoint bool masks of the candidate positives / negatives
             of each query (self-pairs already removed). Only the non-trivial ones are used.
         alpha: negative boundary; margin ``m``: positives are pulled within ``alpha - m``.
@@ -137,12 +173,14 @@ def ranked_list_terms(
         lam: weight of ``L_N`` (eq. 13).
         neg_weights, pos_weights: optional ``(N, M)`` non-negative relative weights used instead
             of the temperature weights (e.g. from :class:`RankedListMiner`); renormalized over
-            each query's mined pairs. Treated as constants.
+            each query's mined pairs (a query whose mined pairs all have weight 0 gets no loss
+            from them). Treated as constants.
 
     Returns:
         :class:`RankedListTerms`. Queries with nothing mined have zero loss (and zero gradient).
 
-    O(N M) time and memory.
+    O(N M) time and memory: about 15 element-wise passes over ``(N, M)`` in the forward, one in
+    the backward, which needs one saved ``(N, M)`` coefficient matrix.
     """
     check_rll_params(alpha, margin, Tn, Tp, lam)
     if dist.ndim != 2 or pos_mask.shape != dist.shape or neg_mask.shape != dist.shape:
@@ -153,30 +191,48 @@ def ranked_list_terms(
     for name, w in (("neg_weights", neg_weights), ("pos_weights", pos_weights)):
         if w is not None and w.shape != dist.shape:
             raise ValueError(f"{name} must have shape {tuple(dist.shape)}, got {tuple(w.shape)}")
-    check_finite(dist, "dist")
-    # float16/bfloat16 distances are summed in float32; the gradient flows back in their dtype.
-    dist = dist.to(compute_dtype(dist.dtype))
+    # One reduction screens for NaN/inf; the full element-wise check only runs to report them.
+    if not torch.isfinite(dist.detach().sum()):
+        check_finite(dist, "dist")
     if (pos_mask & neg_mask).any():
         raise ValueError("a (query, reference) pair is marked both positive and negative")
+    # float16/bfloat16 distances are computed in float32; the gradient flows back in their dtype.
+    dist = dist.to(compute_dtype(dist.dtype))
     pos_thr = alpha - margin
     with torch.no_grad():
         d = dist.detach()
         pos, neg = mine_non_trivial(d, pos_mask, neg_mask, alpha, margin)
-        if neg_weights is None:
-            wn = masked_softmax(alpha - d, neg, Tn)
-        else:
-            wn = normalize_weights(neg_weights.to(d.dtype), neg)
         if pos_weights is None:
-            wp = masked_softmax(d - pos_thr, pos, Tp)
+            ep, zp = _masked_exp(d, pos, Tp, sign=1.0)  # exp(Tp (d - (alpha - m))), eq. 11
         else:
-            wp = normalize_weights(pos_weights.to(d.dtype), pos)
-        # One weight per pair (the mined sets are disjoint): w+ on positives, lam w- on negatives.
-        w = torch.add(wp, wn, alpha=lam)
-    # Active hinge of eq. 8 on every mined pair (> 0 there); other pairs have weight 0.
-    hinge = torch.where(pos, dist - pos_thr, alpha - dist)
-    loss = (w * hinge).sum(dim=1)
-    with torch.no_grad():
-        h = hinge.detach()
-        pos_loss = (wp * h).sum(dim=1)
-        neg_loss = (wn * h).sum(dim=1)
-    return RankedListTerms(loss, pos_loss, neg_loss, pos.sum(dim=1), neg.sum(dim=1))
+            ep, zp = _given_weights(pos_weights, pos, d.dtype)
+        if neg_weights is None:
+            en, zn = _masked_exp(d, neg, Tn, sign=-1.0)  # exp(Tn (alpha - d)), eq. 9
+        else:
+            en, zn = _given_weights(neg_weights, neg, d.dtype)
+        inv_zp = torch.where(zp > 0, 1.0 / zp, 0.0)
+        inv_zn = torch.where(zn > 0, 1.0 / zn, 0.0)
+        # Weighted mean distance of the mined lists, then the hinge offsets (eqs. 11, 12).
+        # Both are >= 0 exactly (every mined hinge is > 0); the clamp only removes rounding.
+        pos_loss = (_row_dot(ep, d) * inv_zp - pos_thr).masked_fill_(zp <= 0, 0.0).clamp_min_(0)
+        neg_loss = (alpha - _row_dot(en, d) * inv_zn).masked_fill_(zn <= 0, 0.0).clamp_min_(0)
+        value = pos_loss + lam * neg_loss
+        # dL_i/dd_ij: w+ on mined positives, -lam w- on mined negatives (weights held constant).
+        coef = en.mul_((-lam * inv_zn).unsqueeze(1)).addcmul_(ep, inv_zp.unsqueeze(1))
+    loss = _LinearInDistance.apply(dist, coef, value) if dist.requires_grad else value
+    return RankedListTerms(
+        loss, pos_loss, neg_loss, _count(pos, zp, Tp, pos_weights), _count(neg, zn, Tn, neg_weights)
+    )
+
+
+def _count(mask: torch.Tensor, total: torch.Tensor, temperature: float, given) -> torch.Tensor:
+    """Row counts of ``mask`` (int64); at ``T = 0`` the weight row sums already are the counts."""
+    if temperature == 0.0 and given is None:
+        return total.round().long()
+    # int32 accumulation: summing a bool matrix into int64 costs a full widening copy.
+    return mask.sum(dim=1, dtype=torch.int32).long()
+
+
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(a * b).sum(1)`` for ``(N, M)`` tensors without an ``(N, M)`` temporary."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
