@@ -234,5 +234,5 @@ def _count(mask: torch.Tensor, total: torch.Tensor, temperature: float, given) -
 
 
 def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``(a * b).sum(1)`` for ``(N, M)`` tensors without an ``(N, M)`` temporary."""
-    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+    """``(a * b).sum(1)`` for ``(N, M)`` tensors in one fused pass."""
+    return torch.linalg.vecdot(a, b, dim=1)

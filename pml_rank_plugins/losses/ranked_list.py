@@ -9,6 +9,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.ranked_list import check_rll_params, ranked_list_terms
 from ..functional.validation import check_finite, compute_dtype
+from .distance_matrix import distance_matrix
 from .pair_masks import pair_masks
 
 
@@ -98,7 +99,7 @@ class RankedListLoss(BaseMetricLossFunction):
         dtype = compute_dtype(embeddings.dtype)
         emb = embeddings.to(dtype)
         ref = emb if is_self else ref_emb.to(dtype)
-        dist = self.distance(emb, ref if self.gallery_gradient else ref.detach())
+        dist = distance_matrix(self.distance, emb, ref, self.gallery_gradient)
         with torch.no_grad():
             pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
             neg_weights = self._dense_pair_weights(indices_tuple, dist)

@@ -7,6 +7,7 @@ from pytorch_metric_learning.miners import BaseMiner
 
 from ..functional.ranked_list import check_rll_params, masked_softmax, mine_non_trivial
 from ..functional.validation import check_finite, compute_dtype
+from ..losses.distance_matrix import distance_matrix
 from ..losses.pair_masks import pair_masks
 from .weighted_pairs import WeightedPairs
 
@@ -53,7 +54,7 @@ class RankedListMiner(BaseMiner):
             check_finite(ref_emb, "ref_emb")
         dtype = compute_dtype(embeddings.dtype)
         emb = embeddings.to(dtype)
-        dist = self.distance(emb, emb if is_self else ref_emb.to(dtype))
+        dist = distance_matrix(self.distance, emb, emb if is_self else ref_emb.to(dtype))
         pos_mask, neg_mask = pair_masks(labels, ref_labels, exclude_self=is_self)
         pos, neg = mine_non_trivial(dist, pos_mask, neg_mask, self.alpha, self.margin)
         weights = masked_softmax(self.alpha - dist, neg, self.Tn)

@@ -7,6 +7,7 @@ import torch
 from pytorch_metric_learning.distances import CosineSimilarity
 from pytorch_metric_learning.losses import ContrastiveLoss, MarginLoss, MultiSimilarityLoss
 from pytorch_metric_learning.miners import BaseMiner
+from pytorch_metric_learning.reducers import SumReducer
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from pml_rank_plugins.losses import RankedListLoss
@@ -190,3 +191,16 @@ def test_bad_inputs_raise():
     broken.weights = out.weights.clone().fill_(float("inf"))
     with pytest.raises(ValueError, match="non-finite"):
         RankedListLoss()(x, labels, broken)
+
+
+def test_contrastive_loss_on_mined_pairs_is_rll_pair_margin_loss():
+    # ContrastiveLoss(pos_margin=alpha - m, neg_margin=alpha) on RLL's pairs is eq. 8 summed.
+    x, labels = make_embeddings_and_labels(n=16, dim=4, seed=11)
+    pairs = RankedListMiner()(x, labels)
+    loss = ContrastiveLoss(pos_margin=ALPHA - MARGIN, neg_margin=ALPHA, reducer=SumReducer())
+    value = loss(x, labels, pairs)
+    pos, neg, _ = loop_mining(x.detach(), labels)
+    xn = [v / v.norm() for v in x.detach()]
+    expected = sum((xn[i] - xn[j]).norm() - (ALPHA - MARGIN) for i, j in pos)
+    expected = expected + sum(ALPHA - (xn[i] - xn[j]).norm() for i, j in neg)
+    torch.testing.assert_close(value, expected)
