@@ -140,7 +140,7 @@ class _LinearInDistance(torch.autograd.Function):
     @staticmethod
     def forward(ctx, dist, coef, value):
         ctx.save_for_backward(coef)
-        return value
+        return value.clone()
 
     @staticmethod
     def backward(ctx, grad_value):
