@@ -1,7 +1,13 @@
 """Pure tensor functions (torch only, no PML import)."""
 
 from .euclidean import euclidean_distances
-from .ranked_list import RankedListTerms, masked_softmax, mine_non_trivial, ranked_list_terms
+from .ranked_list import (
+    RankedListTerms,
+    masked_softmax,
+    mine_non_trivial,
+    negative_weights,
+    ranked_list_terms,
+)
 from .validation import check_finite, compute_dtype
 
 __all__ = [
@@ -11,5 +17,6 @@ __all__ = [
     "RankedListTerms",
     "masked_softmax",
     "mine_non_trivial",
+    "negative_weights",
     "ranked_list_terms",
 ]

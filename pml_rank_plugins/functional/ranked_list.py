@@ -123,9 +123,24 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, temperature: float)
         return e.div_(total.clamp_min(1.0).unsqueeze(1))
 
 
+def negative_weights(dist: torch.Tensor, neg_mined: torch.Tensor, Tn: float) -> torch.Tensor:
+    """RLL's negative weights (eq. 9, normalized as in eq. 12) on the mined negatives.
+
+    ``w_ij = exp(Tn (alpha - d_ij)) / sum_k exp(Tn (alpha - d_ik))`` over ``neg_mined[i]``
+    (``alpha`` cancels), as a masked softmax: no overflow for any finite ``Tn``; rows with no
+    mined negative are zero. The same kernel :func:`ranked_list_terms` uses. No gradient; O(N M).
+    """
+    with torch.no_grad():
+        e, total = _masked_exp(dist, neg_mined, Tn, sign=-1.0)
+        return e.div_(total.clamp_min(1.0).unsqueeze(1))
+
+
 def _given_weights(weights: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype):
-    """Caller-supplied non-negative weights restricted to ``mask``, and their row sums."""
+    """Caller-supplied non-negative weights on ``mask``, scaled so each row's largest is 1
+    (keeps ``1 / sum`` finite even for tiny weights), and their row sums."""
     e = weights.to(dtype).masked_fill(~mask, 0.0)
+    row_max = e.amax(dim=1, keepdim=True)
+    e = e.div_(torch.where(row_max > 0, row_max, 1.0))
     return e, e.sum(dim=1)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.miners import BaseMiner
 
-from ..functional.ranked_list import check_rll_params, masked_softmax, mine_non_trivial
+from ..functional.ranked_list import check_rll_params, mine_non_trivial, negative_weights
 from ..functional.validation import check_finite, compute_dtype
 from ..losses.distance_matrix import distance_matrix
 from ..losses.pair_masks import pair_masks
@@ -57,7 +57,7 @@ class RankedListMiner(BaseMiner):
         dist = distance_matrix(self.distance, emb, emb if is_self else ref_emb.to(dtype))
         pos_mask, neg_mask = pair_masks(labels, ref_labels, exclude_self=is_self)
         pos, neg = mine_non_trivial(dist, pos_mask, neg_mask, self.alpha, self.margin)
-        weights = masked_softmax(self.alpha - dist, neg, self.Tn)
+        weights = negative_weights(dist, neg, self.Tn)
         a1, p = pos.nonzero(as_tuple=True)
         a2, n = neg.nonzero(as_tuple=True)
         if self.collect_stats:

@@ -6,6 +6,7 @@ import torch
 from pml_rank_plugins.functional.ranked_list import (
     masked_softmax,
     mine_non_trivial,
+    negative_weights,
     ranked_list_terms,
 )
 from tests.reference_ranked_list import reference_terms_from_dist
@@ -194,3 +195,21 @@ def test_bad_inputs_raise():
         ranked_list_terms(dist, pos, neg, neg_weights=torch.ones(3, 3))
     with pytest.raises(ValueError, match="both positive and negative"):
         ranked_list_terms(dist, pos, neg | pos)
+
+
+def test_negative_weights_are_the_normalized_exponentials():
+    dist, pos, neg = random_problem(seed=7)
+    _, mined = mine_non_trivial(dist, pos, neg, ALPHA, MARGIN)
+    w = negative_weights(dist.detach(), mined, 10.0)
+    d = dist.detach()
+    for i in range(d.shape[0]):
+        raw = torch.where(mined[i], torch.exp(10.0 * (ALPHA - d[i])), 0.0)
+        expected = raw / raw.sum() if mined[i].any() else raw
+        torch.testing.assert_close(w[i], expected)
+
+
+def test_tiny_given_weights_are_renormalized_not_overflowed():
+    dist, pos, neg = random_problem(seed=8, dtype=torch.float32)
+    ones = ranked_list_terms(dist, pos, neg, neg_weights=torch.ones_like(dist))
+    tiny = ranked_list_terms(dist, pos, neg, neg_weights=torch.full_like(dist, 1e-44))
+    torch.testing.assert_close(tiny.loss, ones.loss)
