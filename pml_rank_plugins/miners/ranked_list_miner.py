@@ -45,6 +45,11 @@ class RankedListMiner(BaseMiner):
     def get_default_distance(self):
         return LpDistance(p=2, power=1, normalize_embeddings=True)
 
+    def forward(self, embeddings, labels, ref_emb=None, ref_labels=None) -> WeightedPairs:
+        if labels is None:  # PML's BaseMiner.forward would fail with an AttributeError
+            raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
+        return super().forward(embeddings, labels, ref_emb, ref_labels)
+
     def mine(self, embeddings, labels, ref_emb, ref_labels) -> WeightedPairs:
         if labels is None or ref_labels is None:
             raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")

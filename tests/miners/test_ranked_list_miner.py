@@ -174,6 +174,10 @@ def test_bad_inputs_raise():
         RankedListMiner()(bad, labels)
     with pytest.raises(ValueError, match="Number of embeddings must equal number of labels"):
         RankedListMiner()(x, labels[:-1])
+    with pytest.raises(ValueError, match="needs labels"):
+        RankedListMiner()(x, None)
+    with pytest.raises(ValueError, match="needs labels"):
+        RankedListMiner()(x, labels, x.detach())
     i = torch.tensor([0, 1])
     with pytest.raises(ValueError, match="mismatched lengths"):
         WeightedPairs(i, i, i, i, weights=torch.ones(3))
