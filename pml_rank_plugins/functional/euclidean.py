@@ -15,8 +15,10 @@ class _EuclideanDistances(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y):
-        sq = (x * x).sum(1, keepdim=True) + (y * y).sum(1).unsqueeze(0)
-        d = torch.addmm(sq, x, y.t(), alpha=-2.0).clamp_min_(0.0).sqrt_()
+        # |x|^2 is broadcast into the product's output buffer, |y|^2 added in place: no extra
+        # (N, M) temporary.
+        d = torch.addmm((x * x).sum(1, keepdim=True), x, y.t(), alpha=-2.0)
+        d = d.add_((y * y).sum(1).unsqueeze(0)).clamp_min_(0.0).sqrt_()
         ctx.save_for_backward(x, y, d)
         return d
 
