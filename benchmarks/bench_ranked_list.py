@@ -7,12 +7,12 @@ Setup: N L2-normalized-by-the-loss random embeddings of dimension ``--dim`` (def
 alpha 1.2, margin 0.4, Tn 10 (PML: ``imbalance=0.5``; ours: ``lam=1``, and we report ours with
 both ``gallery_gradient`` settings; ``True`` differentiates the same graph as PML's).
 
-Time: median over ``--repeats`` (at least, and at least 2 s worth of) forward + backward calls
-after one warm-up call, in a fresh
-subprocess with the default allocator settings.
+Time: all losses in one fresh subprocess (default allocator settings), one warm-up call each,
+then calls interleaved round-robin (so load from other processes hits every loss alike) for at
+least ``--repeats`` rounds and 3 s per loss; the median per loss.
 
-Peak memory: every (loss, N) is measured in another fresh subprocess. A thread polls the resident set
-size (``/proc/self/statm``, field 2 times the page size) every 0.2 ms during one forward +
+Peak memory: every (loss, N) is measured in its own fresh subprocess. A thread polls the
+resident set size (``/proc/self/statm``, field 2 times the page size) every 0.2 ms during one forward +
 backward (after a warm-up call) and reports the peak growth over the RSS just before the call.
 The subprocess runs with ``MALLOC_MMAP_THRESHOLD_=65536`` so glibc serves every large buffer
 with ``mmap`` and returns it to the OS on free; otherwise freed arenas from the warm-up call would
@@ -79,14 +79,7 @@ def _make_loss(name: str):
     return RankedListLoss(margin=0.4, alpha=1.2, Tn=10.0, gallery_gradient=name == "ours_gg")
 
 
-def worker(name: str, n: int, dim: int, repeats: int, threads: int, measure: str) -> dict:
-    """Run in a fresh process: time or peak memory of one loss at one batch size."""
-    import torch
-
-    torch.set_num_threads(threads)
-    gen = torch.Generator().manual_seed(0)
-    x0 = torch.randn(n, dim, generator=gen)
-    labels = torch.arange(n) // 4
+def _step_fn(name: str, x0, labels):
     loss_fn = _make_loss(name)
 
     def step():
@@ -95,24 +88,46 @@ def worker(name: str, n: int, dim: int, repeats: int, threads: int, measure: str
         loss.backward()
         return loss.item()
 
-    value = step()  # warm-up
+    return step
+
+
+def worker(names: list[str], n: int, dim: int, repeats: int, threads: int, measure: str) -> dict:
+    """Run in a fresh process.
+
+    ``measure="time"``: all ``names`` in this one process, calls interleaved round-robin so that
+    load from other processes hits every loss alike; median seconds per loss.
+    ``measure="memory"``: one loss (``names[0]``); peak RSS growth of one call after a warm-up.
+    """
+    import torch
+
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.randn(n, dim, generator=gen)
+    labels = torch.arange(n) // 4
+    steps = {name: _step_fn(name, x0, labels) for name in names}
+    values = {name: step() for name, step in steps.items()}  # warm-up
     if measure == "memory":
+        (name,) = names
         with PeakRSS() as mem:
+            steps[name]()
+        return {name: {"peak_mb": mem.growth / 2**20, "loss": values[name]}}
+    times = {name: [] for name in names}
+    start = time.perf_counter()
+    while len(times[names[0]]) < repeats or time.perf_counter() - start < 3.0 * len(names):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
             step()
-        return {"peak_mb": mem.growth / 2**20, "loss": value}
-    times = []
-    while len(times) < repeats or sum(times) < 2.0:  # small N: repeat for at least 2 s
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return {"time_s": statistics.median(times), "loss": value}
+            times[name].append(time.perf_counter() - t0)
+    return {
+        name: {"time_s": statistics.median(t), "loss": values[name]} for name, t in times.items()
+    }
 
 
-def run_in_subprocess(name: str, n: int, args, measure: str) -> dict:
+def run_in_subprocess(names: list[str], n: int, args, measure: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if measure == "memory":
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-    cmd = [sys.executable, __file__, "--worker", name, "--n", str(n), "--dim", str(args.dim)]
+    cmd = [sys.executable, __file__, "--worker", *names, "--n", str(n), "--dim", str(args.dim)]
     cmd += ["--repeats", str(args.repeats), "--threads", str(args.threads), "--measure", measure]
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -124,7 +139,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--worker", choices=sorted(CONFIGS))
+    parser.add_argument("--worker", choices=sorted(CONFIGS), nargs="+")
     parser.add_argument("--n", type=int)
     parser.add_argument("--measure", choices=["time", "memory"], default="time")
     args = parser.parse_args()
@@ -134,15 +149,13 @@ def main() -> None:
         return
 
     print(f"RankedListLoss forward+backward, CPU, {args.threads} thread(s), dim {args.dim},")
-    print(f"4 samples/class, median of >= {args.repeats} calls; peak = RSS growth during one call")
+    print("4 samples/class; time = median of interleaved calls; peak = RSS growth during one call")
     print("| N | loss | time (s) | peak mem (MiB) | speed-up vs PML | memory vs PML |")
     print("| --- | --- | --- | --- | --- | --- |")
     for n in args.sizes:
-        res = {
-            name: run_in_subprocess(name, n, args, "time")
-            | run_in_subprocess(name, n, args, "memory")
-            for name in CONFIGS
-        }
+        res = run_in_subprocess(list(CONFIGS), n, args, "time")
+        for name in CONFIGS:
+            res[name] |= run_in_subprocess([name], n, args, "memory")[name]
         base = res["pml"]
         for name, label in CONFIGS.items():
             r = res[name]
