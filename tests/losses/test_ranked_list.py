@@ -157,7 +157,7 @@ def test_collect_stats_counts_mined_pairs():
     xn = torch.nn.functional.normalize(x.detach(), dim=1)
     d = torch.cdist(xn, xn)
     same = labels[:, None] == labels[None]
-    eye = torch.eye(12, dtype=torch.bool)
+    eye = torch.eye(12, dtype=torch.bool, device=labels.device)
     n_pos = (same & ~eye & (d > 0.8)).sum(1)
     n_neg = (~same & (d < 1.2)).sum(1)
     assert loss_fn.num_pos_pairs == n_pos.sum().item()
@@ -192,14 +192,20 @@ def test_triplet_indices_tuple_is_accepted():
     torch.testing.assert_close(loss, torch.stack(ref).mean())
 
 
-def test_float16_embeddings_large_temperature_finite():
-    x, labels = make_embeddings_and_labels(n=32, dim=8, dtype=torch.float16, seed=8)
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_half_precision_embeddings_large_temperature_finite(half):
+    x, labels = make_embeddings_and_labels(n=32, dim=8, dtype=half, seed=8)
     loss = RankedListLoss(Tn=50.0, Tp=50.0, gallery_gradient=True)(x, labels)
     (grad,) = torch.autograd.grad(loss, x)
-    assert torch.isfinite(loss) and torch.isfinite(grad).all() and grad.dtype == torch.float16
-    assert loss.item() > 0
-    # PML's version overflows here: exp(50 * (alpha - d)) exceeds float16's range.
-    assert not torch.isfinite(pml_loss(margin=0.4, Tn=50.0, alpha=1.2)(x, labels))
+    assert torch.isfinite(loss) and torch.isfinite(grad).all() and grad.dtype == half
+    assert loss.dtype == torch.float32 and loss.item() > 0
+    # computed in float32: same value as float32 inputs holding the same numbers
+    x32 = x.detach().float()
+    ref = RankedListLoss(Tn=50.0, Tp=50.0, gallery_gradient=True)(x32, labels)
+    torch.testing.assert_close(loss, ref)
+    if half == torch.float16:
+        # PML's version overflows here: exp(50 * (alpha - d)) exceeds float16's range.
+        assert not torch.isfinite(pml_loss(margin=0.4, Tn=50.0, alpha=1.2)(x, labels))
 
 
 def _pml_eps_factors(x, labels, alpha=1.2, margin=0.4, eps=1e-5):
@@ -211,7 +217,7 @@ def _pml_eps_factors(x, labels, alpha=1.2, margin=0.4, eps=1e-5):
     xn = torch.nn.functional.normalize(x.detach(), dim=1)
     d = torch.cdist(xn, xn)
     same = labels[:, None] == labels[None]
-    eye = torch.eye(len(x), dtype=torch.bool)
+    eye = torch.eye(len(x), dtype=torch.bool, device=labels.device)
     n_pos = (same & ~eye & (d > alpha - margin)).sum(1).double()
     n_neg = (~same & (d < alpha)).sum(1).double()
     n = len(x)

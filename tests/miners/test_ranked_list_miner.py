@@ -141,10 +141,10 @@ def test_float16_embeddings_large_temperature():
     (grad,) = torch.autograd.grad(loss, x)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     # per anchor the weights sum to 1
-    sums = torch.zeros(32).index_add_(0, out[2], out.weights)
-    has = torch.zeros(32, dtype=torch.bool)
+    sums = torch.zeros(32, device=x.device).index_add_(0, out[2], out.weights)
+    has = torch.zeros(32, dtype=torch.bool, device=x.device)
     has[out[2]] = True
-    torch.testing.assert_close(sums[has], torch.ones(int(has.sum())))
+    torch.testing.assert_close(sums[has], torch.ones(int(has.sum()), device=x.device))
 
 
 def test_nothing_mined_gives_empty_pairs_and_zero_loss():
