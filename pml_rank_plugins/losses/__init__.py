@@ -1,0 +1,5 @@
+"""PML losses."""
+
+from .ranked_list import RankedListLoss
+
+__all__ = ["RankedListLoss"]

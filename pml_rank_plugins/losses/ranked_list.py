@@ -1,0 +1,155 @@
+"""Ranked List Loss (Wang et al., CVPR 2019) as a PML loss."""
+
+from __future__ import annotations
+
+import torch
+from pytorch_metric_learning.distances import LpDistance
+from pytorch_metric_learning.losses import BaseMetricLossFunction
+from pytorch_metric_learning.utils import common_functions as c_f
+
+from ..functional.ranked_list import check_rll_params, ranked_list_terms
+from ..functional.validation import check_finite, compute_dtype
+from .distance_matrix import distance_matrix
+from .pair_masks import pair_masks
+
+
+class RankedListLoss(BaseMetricLossFunction):
+    """Ranked List Loss: per query, ``L = L_P + lam L_N`` (eq. 13), mean over queries (eq. 14).
+
+    Per query ``i`` and reference item ``j`` at distance ``d`` (default ``LpDistance``: Euclidean
+    distance of L2-normalized embeddings): mined positives ``d > alpha - margin`` contribute
+    ``d - (alpha - margin)`` averaged (eq. 11; weighted by ``exp(Tp (d - alpha + margin))`` when
+    ``Tp > 0``, as in the journal version); mined negatives ``d < alpha`` contribute
+    ``alpha - d`` weighted by ``exp(Tn (alpha - d))``, normalized (eqs. 9, 12). See
+    :mod:`pml_rank_plugins.functional.ranked_list`.
+
+    Differences from PML's ``RankedListLoss`` (see README): the weights are constants (no gradient
+    through them, as in the authors' code), so every mined negative is pushed away at any ``Tn``;
+    weights are a masked softmax (no overflow, no epsilon); ``lam`` weights ``L_N`` as in the paper
+    (PML's ``imbalance=0.5`` is ``0.5 *`` ours with ``lam=1``); ``ref_emb`` and ``indices_tuple``
+    are supported.
+
+    Args:
+        margin, alpha: boundaries (need ``alpha > margin >= 0``; negatives pushed beyond
+            ``alpha``, positives pulled within ``alpha - margin``).
+        Tn, Tp: negative / positive temperatures (>= 0). lam: weight of ``L_N`` (>= 0).
+        gallery_gradient: ``False`` (paper sec. 3.2, "we regard the features of other examples as
+            constants"): in query ``i``'s list only ``x_i`` receives gradient, i.e. distances are
+            taken to ``ref_emb.detach()``. When ``ref_emb`` is the batch, every embedding still
+            gets gradient as the query of its own list. ``True``: gradient reaches both ends of
+            every pair.
+
+    ``indices_tuple``: from any PML miner (pairs or triplets); each query's list is restricted to
+    its mined pairs, then to RLL's non-trivial ones. If it carries ``.weights`` aligned with the
+    negative pairs ``(a2, n)`` (as :class:`pml_rank_plugins.miners.RankedListMiner` output does),
+    those weights replace the ``Tn`` weights (renormalized per query).
+
+    Output: ``"element"`` losses, one per query (all ``N``; a query with nothing mined has loss 0,
+    as in eq. 14's mean over all queries). PML's default ``MeanReducer`` gives eq. 14;
+    ``AvgNonZeroReducer`` averages over queries with something mined instead.
+
+    Stats (``collect_stats``): ``num_pos_pairs``, ``num_neg_pairs`` (mined, total),
+    ``avg_pos_per_query``, ``avg_neg_per_query``, ``num_queries_nothing_mined``.
+
+    float16/bfloat16 embeddings are computed in float32. O(N M) time and memory.
+    """
+
+    def __init__(
+        self,
+        margin: float = 0.4,
+        alpha: float = 1.2,
+        Tn: float = 10.0,
+        Tp: float = 0.0,
+        lam: float = 1.0,
+        gallery_gradient: bool = False,
+        **kwargs,
+    ):
+        check_rll_params(alpha, margin, Tn, Tp, lam)
+        super().__init__(**kwargs)
+        if self.distance.is_inverted:
+            raise ValueError("RankedListLoss needs a distance (small = similar), not a similarity")
+        self.margin, self.alpha = float(margin), float(alpha)
+        self.Tn, self.Tp, self.lam = float(Tn), float(Tp), float(lam)
+        self.gallery_gradient = bool(gallery_gradient)
+        self.add_to_recordable_attributes(
+            list_of_names=["margin", "alpha", "Tn", "Tp", "lam"], is_stat=False
+        )
+        self.add_to_recordable_attributes(
+            list_of_names=[
+                "num_pos_pairs",
+                "num_neg_pairs",
+                "avg_pos_per_query",
+                "avg_neg_per_query",
+                "num_queries_nothing_mined",
+            ],
+            is_stat=True,
+        )
+
+    def get_default_distance(self):
+        return LpDistance(p=2, power=1, normalize_embeddings=True)
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        c_f.labels_required(labels)
+        if ref_labels is None:
+            raise ValueError("ref_labels are required with ref_emb")
+        is_self = ref_emb is embeddings
+        check_finite(embeddings, "embeddings")
+        if not is_self:
+            check_finite(ref_emb, "ref_emb")
+        dtype = compute_dtype(embeddings.dtype)
+        emb = embeddings.to(dtype)
+        ref = emb if is_self else ref_emb.to(dtype)
+        dist = distance_matrix(self.distance, emb, ref, self.gallery_gradient)
+        with torch.no_grad():
+            pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
+            neg_weights = self._dense_pair_weights(indices_tuple, dist)
+        terms = ranked_list_terms(
+            dist,
+            pos_mask,
+            neg_mask,
+            alpha=self.alpha,
+            margin=self.margin,
+            Tn=self.Tn,
+            Tp=self.Tp,
+            lam=self.lam,
+            neg_weights=neg_weights,
+        )
+        if self.collect_stats:
+            self._set_stats(terms)
+        return {
+            "loss": {
+                "losses": terms.loss,
+                "indices": c_f.torch_arange_from_size(terms.loss),
+                "reduction_type": "element",
+            }
+        }
+
+    @staticmethod
+    def _dense_pair_weights(indices_tuple, dist):
+        """``(N, M)`` matrix holding ``indices_tuple.weights`` at ``(a2, n)``, or ``None``."""
+        weights = getattr(indices_tuple, "weights", None)
+        if weights is None:
+            return None
+        if len(indices_tuple) != 4:
+            raise ValueError("weights can only come with a pair tuple (a1, p, a2, n)")
+        a2, n = indices_tuple[2], indices_tuple[3]
+        weights = torch.as_tensor(weights, device=dist.device)
+        if weights.ndim != 1 or len(weights) != len(a2) or len(n) != len(a2):
+            raise ValueError(
+                f"mismatched lengths: weights {tuple(weights.shape)} must align with the negative "
+                f"pairs (a2, n) of lengths {len(a2)}, {len(n)}"
+            )
+        check_finite(weights, "indices_tuple.weights")
+        if (weights < 0).any():
+            raise ValueError("indices_tuple.weights must be >= 0")
+        dense = torch.zeros_like(dist)
+        dense[a2, n] = weights.to(dist.dtype)
+        return dense
+
+    def _set_stats(self, terms):
+        num_pos, num_neg = terms.num_pos, terms.num_neg
+        self.num_pos_pairs = int(num_pos.sum().item())
+        self.num_neg_pairs = int(num_neg.sum().item())
+        self.avg_pos_per_query = num_pos.double().mean().item()
+        self.avg_neg_per_query = num_neg.double().mean().item()
+        self.num_queries_nothing_mined = int(((num_pos == 0) & (num_neg == 0)).sum().item())

@@ -1,0 +1,70 @@
+"""RLL's non-trivial pair mining and loss-based negative weighting as a PML miner."""
+
+from __future__ import annotations
+
+from pytorch_metric_learning.distances import LpDistance
+from pytorch_metric_learning.miners import BaseMiner
+
+from ..functional.ranked_list import check_rll_params, mine_non_trivial, negative_weights
+from ..functional.validation import check_finite, compute_dtype
+from ..losses.distance_matrix import distance_matrix
+from ..losses.pair_masks import pair_masks
+from .weighted_pairs import WeightedPairs
+
+
+class RankedListMiner(BaseMiner):
+    """Mine Ranked List Loss's non-trivial pairs (Wang et al., CVPR 2019, sec. 3).
+
+    For each query ``i`` (embeddings) and reference item ``j`` (``ref_emb``, default the batch
+    itself without self-pairs), with ``d`` the miner's distance (default ``LpDistance`` on
+    L2-normalized embeddings):
+
+    * positive pairs ``(a1, p)``: same label and ``d > alpha - margin``;
+    * negative pairs ``(a2, n)``: different label and ``d < alpha``;
+    * ``.weights``: RLL's negative weights ``exp(Tn (alpha - d))`` normalized over each anchor's
+      mined negatives (eqs. 9, 12), computed as a masked softmax (no overflow for any ``Tn``).
+
+    Returns a :class:`WeightedPairs`, a standard PML pair tuple ``(a1, p, a2, n)``: any PML pair
+    loss accepts it and ignores ``.weights``; :class:`pml_rank_plugins.losses.RankedListLoss` uses
+    the weights (instead of its own ``Tn``) when present. Pairs are sorted by anchor. ``weights``
+    is float32 for float16/bfloat16 embeddings. O(N M) time and memory.
+
+    Stats (``collect_stats``): ``num_pos_pairs``, ``num_neg_pairs`` (set by PML) and
+    ``num_anchors_nothing_mined`` (queries with no non-trivial pair at all).
+    """
+
+    def __init__(self, alpha: float = 1.2, margin: float = 0.4, Tn: float = 10.0, **kwargs):
+        check_rll_params(alpha, margin, Tn)
+        super().__init__(**kwargs)
+        if self.distance.is_inverted:
+            raise ValueError("RankedListMiner needs a distance (small = similar), not a similarity")
+        self.alpha, self.margin, self.Tn = float(alpha), float(margin), float(Tn)
+        self.add_to_recordable_attributes(list_of_names=["alpha", "margin", "Tn"], is_stat=False)
+        self.add_to_recordable_attributes(name="num_anchors_nothing_mined", is_stat=True)
+
+    def get_default_distance(self):
+        return LpDistance(p=2, power=1, normalize_embeddings=True)
+
+    def forward(self, embeddings, labels, ref_emb=None, ref_labels=None) -> WeightedPairs:
+        if labels is None:  # PML's BaseMiner.forward would fail with an AttributeError
+            raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
+        return super().forward(embeddings, labels, ref_emb, ref_labels)
+
+    def mine(self, embeddings, labels, ref_emb, ref_labels) -> WeightedPairs:
+        if labels is None or ref_labels is None:
+            raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
+        is_self = ref_emb is embeddings
+        check_finite(embeddings, "embeddings")
+        if not is_self:
+            check_finite(ref_emb, "ref_emb")
+        dtype = compute_dtype(embeddings.dtype)
+        emb = embeddings.to(dtype)
+        dist = distance_matrix(self.distance, emb, emb if is_self else ref_emb.to(dtype))
+        pos_mask, neg_mask = pair_masks(labels, ref_labels, exclude_self=is_self)
+        pos, neg = mine_non_trivial(dist, pos_mask, neg_mask, self.alpha, self.margin)
+        weights = negative_weights(dist, neg, self.Tn)
+        a1, p = pos.nonzero(as_tuple=True)
+        a2, n = neg.nonzero(as_tuple=True)
+        if self.collect_stats:
+            self.num_anchors_nothing_mined = int((~(pos.any(1) | neg.any(1))).sum().item())
+        return WeightedPairs(a1, p, a2, n, weights=weights[a2, n])

@@ -1,0 +1,210 @@
+import copy
+import math
+import pickle
+
+import pytest
+import torch
+from pytorch_metric_learning.distances import CosineSimilarity
+from pytorch_metric_learning.losses import ContrastiveLoss, MarginLoss, MultiSimilarityLoss
+from pytorch_metric_learning.miners import BaseMiner
+from pytorch_metric_learning.reducers import SumReducer
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+
+from pml_rank_plugins.losses import RankedListLoss
+from pml_rank_plugins.miners import RankedListMiner, WeightedPairs
+from tests.conftest import make_embeddings_and_labels
+
+ALPHA, MARGIN = 1.2, 0.4
+
+
+def loop_mining(x, labels, ref=None, ref_labels=None, alpha=ALPHA, margin=MARGIN, Tn=10.0):
+    """RLL's non-trivial pairs and normalized negative weights, one pair at a time."""
+    self_mode = ref is None
+    if self_mode:
+        ref, ref_labels = x, labels
+    pos, neg, weights = [], [], {}
+    for i in range(len(x)):
+        q = x[i].double() / x[i].double().norm()
+        raw = {}
+        for j in range(len(ref)):
+            if self_mode and i == j:
+                continue
+            d = (q - ref[j].double() / ref[j].double().norm()).norm().item()
+            if labels[i] == ref_labels[j] and d > alpha - margin:
+                pos.append((i, j))
+            elif labels[i] != ref_labels[j] and d < alpha:
+                neg.append((i, j))
+                raw[j] = math.exp(Tn * (alpha - d))
+        total = sum(raw.values())
+        weights.update({(i, j): w / total for j, w in raw.items()})
+    return pos, neg, weights
+
+
+def pairs_of(a, b):
+    return list(zip(a.tolist(), b.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("Tn", [0.0, 10.0, 40.0])
+def test_mined_pairs_and_weights_match_loop(dtype, Tn):
+    x, labels = make_embeddings_and_labels(n=16, dim=4, num_classes=4, dtype=dtype, seed=0)
+    out = RankedListMiner(Tn=Tn)(x, labels)
+    pos, neg, weights = loop_mining(x.detach(), labels, Tn=Tn)
+    assert sorted(pairs_of(out[0], out[1])) == sorted(pos)
+    assert sorted(pairs_of(out[2], out[3])) == sorted(neg)
+    expected = torch.tensor([weights[k] for k in pairs_of(out[2], out[3])], dtype=torch.float64)
+    tol = dict(rtol=1e-4, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out.weights.double(), expected, **tol)
+
+
+def test_ref_emb_mining_matches_loop():
+    x, labels = make_embeddings_and_labels(n=8, dim=4, num_classes=2, seed=1)
+    r, ref_labels = make_embeddings_and_labels(n=10, dim=4, num_classes=2, seed=2)
+    out = RankedListMiner()(x, labels, r, ref_labels)
+    pos, neg, weights = loop_mining(x.detach(), labels, r.detach(), ref_labels)
+    assert sorted(pairs_of(out[0], out[1])) == sorted(pos)
+    assert sorted(pairs_of(out[2], out[3])) == sorted(neg)
+    expected = torch.tensor([weights[k] for k in pairs_of(out[2], out[3])], dtype=torch.float64)
+    torch.testing.assert_close(out.weights, expected)
+
+
+def test_output_is_a_valid_pml_pair_tuple():
+    x, labels = make_embeddings_and_labels(n=16, dim=4, seed=3)
+    miner = RankedListMiner(collect_stats=True)
+    out = miner(x, labels)
+    assert isinstance(out, WeightedPairs) and isinstance(out, tuple) and len(out) == 4
+    BaseMiner.output_assertion(miner, out)
+    assert miner.num_pos_pairs == len(out[0]) > 0 and miner.num_neg_pairs == len(out[2]) > 0
+    converted = lmu.convert_to_pairs(out, labels)
+    assert converted is out and converted.weights is out.weights
+    a1, p, a2, n = out  # unpacks like any pair tuple
+    assert len(out.weights) == len(a2) == len(n)
+    for clone in (copy.copy(out), copy.deepcopy(out), pickle.loads(pickle.dumps(out))):
+        assert isinstance(clone, WeightedPairs)
+        torch.testing.assert_close(clone.weights, out.weights)
+        assert all(torch.equal(u, v) for u, v in zip(clone, out, strict=True))
+
+
+@pytest.mark.parametrize("loss_cls", [ContrastiveLoss, MultiSimilarityLoss, MarginLoss])
+def test_pml_pair_losses_accept_the_output_unchanged(loss_cls):
+    x, labels = make_embeddings_and_labels(n=16, dim=4, seed=4)
+    out = RankedListMiner()(x, labels)
+    plain = tuple(out)
+    loss_fn = loss_cls()
+    with_weights = loss_fn(x, labels, out)
+    torch.testing.assert_close(with_weights, loss_fn(x, labels, plain))
+    assert torch.isfinite(with_weights)
+    torch.autograd.grad(with_weights, x)
+
+
+@pytest.mark.parametrize("gallery_gradient", [False, True])
+@pytest.mark.parametrize("Tn", [0.0, 10.0])
+def test_loss_with_internal_mining_equals_loss_fed_by_miner(dtype, gallery_gradient, Tn):
+    x, labels = make_embeddings_and_labels(n=24, dim=6, num_classes=4, dtype=dtype, seed=5)
+    loss_fn = RankedListLoss(Tn=Tn, gallery_gradient=gallery_gradient)
+    internal = loss_fn(x, labels)
+    fed = loss_fn(x, labels, RankedListMiner(Tn=Tn)(x, labels))
+    g_internal, g_fed = (torch.autograd.grad(v, x)[0] for v in (internal, fed))
+    torch.testing.assert_close(fed, internal)
+    torch.testing.assert_close(g_fed, g_internal)
+
+
+def test_loss_fed_by_miner_with_ref_emb():
+    x, labels = make_embeddings_and_labels(n=12, dim=4, num_classes=3, seed=6)
+    r, ref_labels = make_embeddings_and_labels(n=15, dim=4, num_classes=3, seed=7)
+    loss_fn = RankedListLoss(gallery_gradient=True)
+    internal = loss_fn(x, labels, ref_emb=r, ref_labels=ref_labels)
+    fed = loss_fn(x, labels, RankedListMiner()(x, labels, r, ref_labels), r, ref_labels)
+    torch.testing.assert_close(fed, internal)
+    for a, b in zip(
+        torch.autograd.grad(fed, (x, r)), torch.autograd.grad(internal, (x, r)), strict=True
+    ):
+        torch.testing.assert_close(a, b)
+
+
+def test_miner_weights_replace_the_loss_temperature():
+    x, labels = make_embeddings_and_labels(n=16, dim=4, seed=8)
+    mined = RankedListMiner(Tn=10.0)(x, labels)
+    fed = RankedListLoss(Tn=0.0)(x, labels, mined)
+    torch.testing.assert_close(fed, RankedListLoss(Tn=10.0)(x, labels))
+    assert not torch.allclose(fed, RankedListLoss(Tn=0.0)(x, labels))
+    # Without .weights the same pairs get the loss's own Tn weights.
+    torch.testing.assert_close(
+        RankedListLoss(Tn=0.0)(x, labels, tuple(mined)), RankedListLoss(Tn=0.0)(x, labels)
+    )
+
+
+def test_float16_embeddings_large_temperature():
+    x, labels = make_embeddings_and_labels(n=32, dim=8, dtype=torch.float16, seed=9)
+    out = RankedListMiner(Tn=50.0)(x, labels)
+    assert out.weights.dtype == torch.float32 and torch.isfinite(out.weights).all()
+    loss = RankedListLoss(Tn=50.0)(x, labels, out)
+    (grad,) = torch.autograd.grad(loss, x)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    # per anchor the weights sum to 1
+    sums = torch.zeros(32, device=x.device).index_add_(0, out[2], out.weights)
+    has = torch.zeros(32, dtype=torch.bool, device=x.device)
+    has[out[2]] = True
+    torch.testing.assert_close(sums[has], torch.ones(int(has.sum()), device=x.device))
+
+
+def test_nothing_mined_gives_empty_pairs_and_zero_loss():
+    x = torch.eye(4, dtype=torch.float64).repeat_interleave(2, 0).requires_grad_()
+    labels = torch.arange(4).repeat_interleave(2)
+    miner = RankedListMiner(collect_stats=True)
+    out = miner(x, labels)
+    assert all(len(t) == 0 for t in out) and len(out.weights) == 0
+    assert miner.num_anchors_nothing_mined == 8
+    loss_fn = RankedListLoss(collect_stats=True)
+    loss = loss_fn(x, labels, out)
+    assert loss.item() == 0.0 and loss_fn.num_queries_nothing_mined == 8
+    assert (torch.autograd.grad(loss, x)[0] == 0).all()
+
+
+def test_bad_inputs_raise():
+    x, labels = make_embeddings_and_labels(n=8, dim=4, seed=10)
+    with pytest.raises(ValueError, match="alpha must be larger than margin"):
+        RankedListMiner(alpha=0.3, margin=0.4)
+    with pytest.raises(ValueError, match="Tn must be >= 0"):
+        RankedListMiner(Tn=-2.0)
+    with pytest.raises(ValueError, match="not a similarity"):
+        RankedListMiner(distance=CosineSimilarity())
+    bad = x.detach().clone()
+    bad[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="embeddings contains 1 non-finite"):
+        RankedListMiner()(bad, labels)
+    with pytest.raises(ValueError, match="Number of embeddings must equal number of labels"):
+        RankedListMiner()(x, labels[:-1])
+    with pytest.raises(ValueError, match="needs labels"):
+        RankedListMiner()(x, None)
+    with pytest.raises(ValueError, match="needs labels"):
+        RankedListMiner()(x, labels, x.detach())
+    i = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="mismatched lengths"):
+        WeightedPairs(i, i, i, i, weights=torch.ones(3))
+    with pytest.raises(ValueError, match="mismatched lengths"):
+        WeightedPairs(i, i[:1], i, i, weights=torch.ones(2))
+    # a pair tuple whose weights do not line up with its negative pairs
+    out = RankedListMiner()(x, labels)
+    broken = copy.copy(out)
+    broken.weights = out.weights[:-1]
+    with pytest.raises(ValueError, match="mismatched lengths"):
+        RankedListLoss()(x, labels, broken)
+    broken.weights = -out.weights
+    with pytest.raises(ValueError, match=">= 0"):
+        RankedListLoss()(x, labels, broken)
+    broken.weights = out.weights.clone().fill_(float("inf"))
+    with pytest.raises(ValueError, match="non-finite"):
+        RankedListLoss()(x, labels, broken)
+
+
+def test_contrastive_loss_on_mined_pairs_is_rll_pair_margin_loss():
+    # ContrastiveLoss(pos_margin=alpha - m, neg_margin=alpha) on RLL's pairs is eq. 8 summed.
+    x, labels = make_embeddings_and_labels(n=16, dim=4, seed=11)
+    pairs = RankedListMiner()(x, labels)
+    loss = ContrastiveLoss(pos_margin=ALPHA - MARGIN, neg_margin=ALPHA, reducer=SumReducer())
+    value = loss(x, labels, pairs)
+    pos, neg, _ = loop_mining(x.detach(), labels)
+    xn = [v / v.norm() for v in x.detach()]
+    expected = sum((xn[i] - xn[j]).norm() - (ALPHA - MARGIN) for i, j in pos)
+    expected = expected + sum(ALPHA - (xn[i] - xn[j]).norm() for i, j in neg)
+    torch.testing.assert_close(value, expected)
