@@ -1,6 +1,7 @@
 """Pure tensor functions (torch only, no PML import)."""
 
 from .euclidean import euclidean_distances
+from .histogram_ap import exact_average_precision, histogram_ap, tie_aware_histogram_ap
 from .ranked_list import (
     RankedListTerms,
     masked_softmax,
@@ -8,6 +9,7 @@ from .ranked_list import (
     negative_weights,
     ranked_list_terms,
 )
+from .soft_histogram import PairHistogram, pair_categories, pair_histograms
 from .validation import check_finite, compute_dtype
 
 __all__ = [
@@ -19,4 +21,10 @@ __all__ = [
     "mine_non_trivial",
     "negative_weights",
     "ranked_list_terms",
+    "exact_average_precision",
+    "histogram_ap",
+    "tie_aware_histogram_ap",
+    "PairHistogram",
+    "pair_categories",
+    "pair_histograms",
 ]

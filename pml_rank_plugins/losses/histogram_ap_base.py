@@ -1,0 +1,95 @@
+"""Shared PML plumbing of the histogram-AP losses (FastAP, mAP_Q / mAP_T)."""
+
+from __future__ import annotations
+
+import torch
+from pytorch_metric_learning.losses import BaseMetricLossFunction
+from pytorch_metric_learning.utils import common_functions as c_f
+
+from ..functional.soft_histogram import pair_categories, pair_histograms
+from ..functional.validation import check_finite, compute_dtype
+from .pair_masks import pair_masks
+
+
+class HistogramAPLoss(BaseMetricLossFunction):
+    """Loss ``1 - AP_i`` per query, AP computed from soft histograms of pairwise scores.
+
+    Subclasses define the histogrammed value (``_bin_transform``: offset and scale mapping the dot
+    product of normalized embeddings to bin units), the number of bin spacings
+    (``num_intervals``), the AP formula (``_average_precision``) and validate ``self.distance``.
+
+    Per query ``i`` the ranked list holds the reference items ``j`` with ``pos[i, j]`` or
+    ``neg[i, j]`` (:func:`~pml_rank_plugins.losses.pair_masks.pair_masks`: same label / other
+    label without ``indices_tuple``, the self pair removed when ranking the batch against itself;
+    with ``indices_tuple`` only the mined pairs of ``i``). Queries without a positive or without a
+    negative in their list have no defined AP: they are excluded from the loss and counted in
+    ``num_skipped_queries``. Output: ``"element"`` losses ``w_i (1 - AP_i)`` for the valid queries
+    (``w_i = 1`` unless class balancing is on), so the default ``MeanReducer`` gives
+    ``1 - mean AP``; with no valid query the loss is 0.
+
+    float16/bfloat16 embeddings are computed in float32. ``chunk_size`` bounds memory (query rows
+    per chunk; default: about 4M scores per chunk).
+    """
+
+    def __init__(self, chunk_size: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+            raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+        self.chunk_size = chunk_size
+        self._check_distance()
+        self.add_to_recordable_attributes(
+            list_of_names=["num_valid_queries", "num_skipped_queries"], is_stat=True
+        )
+
+    # -- subclass interface ---------------------------------------------------------------------
+    num_intervals: int
+
+    def _check_distance(self) -> None:
+        raise NotImplementedError
+
+    def _bin_transform(self) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def _average_precision(self, h_pos, h_neg, num_pos) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _query_weights(self, labels: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    # -- PML --------------------------------------------------------------------------------------
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        c_f.labels_required(labels)
+        is_self = ref_emb is embeddings
+        if ref_labels is None:
+            raise ValueError("ref_labels are required with ref_emb")
+        check_finite(embeddings, "embeddings")
+        if not is_self:
+            check_finite(ref_emb, "ref_emb")
+        dtype = compute_dtype(embeddings.dtype)
+        queries = self.distance.normalize(embeddings.to(dtype))
+        refs = queries if is_self else self.distance.normalize(ref_emb.to(dtype))
+        with torch.no_grad():
+            pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
+            num_pos, num_neg = pos_mask.sum(dim=1), neg_mask.sum(dim=1)
+            valid = (num_pos > 0) & (num_neg > 0)
+        self.num_valid_queries = int(valid.sum())
+        self.num_skipped_queries = len(valid) - self.num_valid_queries
+        if self.num_valid_queries == 0:
+            return self.zero_losses()
+        rows = torch.nonzero(valid).squeeze(1)
+        offset, scale = self._bin_transform()
+        hist = pair_histograms(
+            queries[rows],
+            refs,
+            pair_categories(pos_mask[rows], neg_mask[rows]),
+            offset,
+            scale,
+            self.num_intervals,
+            self.chunk_size,
+        )
+        ap = self._average_precision(hist[:, 0], hist[:, 1], num_pos[rows].to(dtype))
+        losses = 1 - ap
+        weights = self._query_weights(labels[rows])
+        if weights is not None:
+            losses = losses * weights.to(dtype)
+        return {"loss": {"losses": losses, "indices": rows, "reduction_type": "element"}}
