@@ -1,0 +1,100 @@
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from pml_rank_plugins.functional.soft_histogram import pair_categories, pair_histograms
+
+from ..reference_histogram_ap import dense_kernel
+
+
+def dense_histograms(q, r, categories, offset, scale, num_intervals):
+    """The L-bin formulation: every value against every centre (values clamped to the range)."""
+    u = (offset + scale * (q @ r.T)).clamp(0, num_intervals)
+    centres = torch.arange(num_intervals + 1, dtype=q.dtype)
+    kernel = dense_kernel(u.unsqueeze(-1), centres, 1.0)  # (N, M, L + 1)
+    pos = (kernel * (categories == 0).unsqueeze(-1)).sum(1)
+    neg = (kernel * (categories == 1).unsqueeze(-1)).sum(1)
+    return torch.stack([pos, neg], dim=1)
+
+
+def random_inputs(n=9, m=11, d=5, seed=0, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(n, d, generator=gen, dtype=dtype), dim=1)
+    r = torch.nn.functional.normalize(torch.randn(m, d, generator=gen, dtype=dtype), dim=1)
+    categories = torch.randint(0, 3, (n, m), generator=gen, dtype=torch.int8)
+    return q, r, categories
+
+
+@pytest.mark.parametrize(
+    "offset, scale, num_intervals",
+    [(5.0, -5.0, 10), (1.5, -1.5, 3), (9.5, -9.5, 19), (0.5, -0.5, 1), (3.0, -4.0, 4)],
+)
+def test_two_bin_histogram_equals_dense_kernel(offset, scale, num_intervals):
+    q, r, categories = random_inputs()
+    got = pair_histograms(q, r, categories, offset, scale, num_intervals)
+    want = dense_histograms(q, r, categories, offset, scale, num_intervals)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_values_on_centres_edges_and_outside_the_range():
+    # Scores placing u exactly on centres, on both ends, and outside (saturating).
+    q = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    angles = torch.tensor([0.0, 0.3, 1.0, 2.0, 3.14159265358979], dtype=torch.float64)
+    r = torch.stack([angles.cos(), angles.sin()], dim=1)
+    categories = torch.zeros(1, 5, dtype=torch.int8)
+    for offset, scale in [(2.0, -2.0), (2.5, -3.0)]:  # the second pushes values outside [0, L]
+        got = pair_histograms(q, r, categories, offset, scale, 4)
+        torch.testing.assert_close(got, dense_histograms(q, r, categories, offset, scale, 4))
+        assert got[0, 0].sum().item() == pytest.approx(5.0)  # every value's weights sum to 1
+
+
+def test_gradcheck_float64():
+    q, r, categories = random_inputs(n=5, m=6, d=3, seed=1)
+    q.requires_grad_(True)
+    r.requires_grad_(True)
+    mix = torch.randn(5, 2, 5, dtype=torch.float64)
+
+    def f(q, r):
+        return (pair_histograms(q, r, categories, 2.0, -2.0, 4) * mix).sum()
+
+    assert gradcheck(f, (q, r))
+
+
+def test_self_ranking_accumulates_both_gradients():
+    q, _, categories = random_inputs(n=6, m=6, d=3, seed=2)
+    categories.fill_diagonal_(2)  # |x_i|^2 = 1 sits on the range's end, where the kernel has a kink
+    q.requires_grad_(True)
+    mix = torch.randn(6, 2, 5, dtype=torch.float64)
+    assert gradcheck(lambda x: (pair_histograms(x, x, categories, 2.0, -2.0, 4) * mix).sum(), (q,))
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 4, 100])
+def test_chunking_changes_nothing(chunk_size):
+    q, r, categories = random_inputs(n=9, m=7, d=4, seed=3)
+    mix = torch.randn(9, 2, 11, dtype=torch.float64)
+    results = []
+    for size in (None, chunk_size):
+        qq, rr = q.clone().requires_grad_(True), r.clone().requires_grad_(True)
+        hist = pair_histograms(qq, rr, categories, 5.0, -5.0, 10, chunk_size=size)
+        (hist * mix).sum().backward()
+        results.append((hist, qq.grad, rr.grad))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_pair_categories():
+    pos = torch.tensor([[True, False, False]])
+    neg = torch.tensor([[False, True, False]])
+    assert pair_categories(pos, neg).tolist() == [[0, 1, 2]]
+    with pytest.raises(ValueError, match="both positive and negative"):
+        pair_categories(pos, pos)
+
+
+def test_bad_arguments():
+    q, r, categories = random_inputs()
+    with pytest.raises(ValueError, match="num_intervals"):
+        pair_histograms(q, r, categories, 0.0, 1.0, 0)
+    with pytest.raises(ValueError, match="categories must have shape"):
+        pair_histograms(q, r, categories[:, :3], 0.0, 1.0, 4)
+    with pytest.raises(ValueError, match="chunk_size"):
+        pair_histograms(q, r, categories, 0.0, 1.0, 4, chunk_size=0)
