@@ -32,7 +32,9 @@ def query_lists(n, m, labels, ref_labels, exclude_self, pos_pairs=None, neg_pair
             pos = sorted({j for (a, j) in pos_pairs if a == i and not (exclude_self and j == i)})
             neg = sorted({j for (a, j) in neg_pairs if a == i and not (exclude_self and j == i)})
         else:
-            pos = [j for j in range(m) if ref_labels[j] == labels[i] and not (exclude_self and j == i)]
+            pos = [
+                j for j in range(m) if ref_labels[j] == labels[i] and not (exclude_self and j == i)
+            ]
             neg = [j for j in range(m) if ref_labels[j] != labels[i]]
         lists.append((pos, neg))
     return lists
@@ -60,7 +62,7 @@ def fastap_reference(emb, labels, num_bins, ref_emb=None, ref_labels=None, pairs
         for l in range(num_bins + 1):
             cum_pos = cum_pos + h_pos[l]
             cum_all = cum_all + h_pos[l] + h_neg[l]
-            if float(cum_all) > 0:
+            if float(cum_all.detach()) > 0:
                 ap = ap + h_pos[l] * cum_pos / cum_all
         aps.append(ap / len(pos))
     valid = [a for a in aps if a is not None]
@@ -81,9 +83,9 @@ def quantized_ap_reference(
     lists = query_lists(len(q), len(r), labels, ref_labels, exclude_self)
 
     def weight(s, m):
-        if m == 0 and float(s) >= centres[0]:
+        if m == 0 and float(s.detach()) >= centres[0]:
             return torch.ones_like(s)  # saturating first bin
-        if m == num_bins - 1 and float(s) <= centres[-1]:
+        if m == num_bins - 1 and float(s.detach()) <= centres[-1]:
             return torch.ones_like(s)  # saturating last bin
         return dense_kernel(s, centres[m], delta)
 
@@ -102,7 +104,7 @@ def quantized_ap_reference(
                 precision = (1 + c_pos[m] + 2 * before_pos) / (1 + c_all[m] + 2 * before_all)
             else:
                 total = before_all + c_all[m]
-                precision = (before_pos + c_pos[m]) / total if float(total) > 0 else 0
+                precision = (before_pos + c_pos[m]) / total if float(total.detach()) > 0 else 0
             ap = ap + precision * c_pos[m] / len(pos)
             before_pos = before_pos + c_pos[m]
             before_all = before_all + c_all[m]
