@@ -47,7 +47,7 @@ def fastap_reference(emb, labels, num_bins, ref_emb=None, ref_labels=None, pairs
     r = q if ref_emb is None else _normalize(ref_emb)
     ref_labels = labels if ref_labels is None else ref_labels
     width = 4.0 / num_bins
-    centres = [4.0 * l / num_bins for l in range(num_bins + 1)]
+    centres = [4.0 * b / num_bins for b in range(num_bins + 1)]
     lists = query_lists(len(q), len(r), labels, ref_labels, exclude_self, *(pairs or (None, None)))
     aps = []
     for i, (pos, neg) in enumerate(lists):
@@ -59,11 +59,11 @@ def fastap_reference(emb, labels, num_bins, ref_emb=None, ref_labels=None, pairs
         h_neg = [sum(dense_kernel(d2[j], c, width) for j in neg) for c in centres]
         ap = 0
         cum_pos = cum_all = 0
-        for l in range(num_bins + 1):
-            cum_pos = cum_pos + h_pos[l]
-            cum_all = cum_all + h_pos[l] + h_neg[l]
+        for b in range(num_bins + 1):
+            cum_pos = cum_pos + h_pos[b]
+            cum_all = cum_all + h_pos[b] + h_neg[b]
             if float(cum_all.detach()) > 0:
-                ap = ap + h_pos[l] * cum_pos / cum_all
+                ap = ap + h_pos[b] * cum_pos / cum_all
         aps.append(ap / len(pos))
     valid = [a for a in aps if a is not None]
     loss = sum(1 - a for a in valid) / len(valid) if valid else torch.zeros(())
