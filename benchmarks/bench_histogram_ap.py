@@ -1,0 +1,119 @@
+"""FastAP forward+backward: ours vs PML's FastAPLoss vs the N x N product floor, same run.
+
+For each N (d=128, 10 bins, labels with 4 items per class) and each case, a fresh subprocess
+builds the inputs, reads its resident set size (RSS, /proc/self/statm), runs forward+backward
+``--repeats`` times and reports the best time and the peak RSS growth over the pre-call RSS
+(``ru_maxrss`` minus that baseline). Cases:
+
+* ours  -- ``pml_rank_plugins.losses.FastAPLoss`` (automatic query chunking);
+* pml   -- ``pytorch_metric_learning.losses.FastAPLoss`` (skipped above ``--pml-max``: it needs
+  O(L N^2) memory, about 12 GB at N = 8192);
+* floor -- ``S = X @ X.T; (S * S).sum().backward()``, the cost of touching every pair once.
+
+Targets (CPU, N = 4096): ours >= 15x faster than PML and <= 3x the floor; ours' peak memory
+growth <= 1/8 of PML's; N = 16384 (``--sizes 16384``) within 8 GB.
+Run: ``python benchmarks/bench_histogram_ap.py [--sizes 256 1024 4096 8192]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def run_case(case: str, n: int, dim: int, repeats: int, threads: int) -> dict:
+    """Runs inside the subprocess: returns best time (s) and peak RSS growth (bytes)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    x = torch.randn(n, dim, requires_grad=True)
+    labels = torch.arange(n) // 4
+    if case == "ours":
+        from pml_rank_plugins.losses import FastAPLoss
+
+        loss_fn = FastAPLoss(num_bins=10)
+        step = lambda: loss_fn(x, labels).backward()  # noqa: E731
+    elif case == "pml":
+        from pytorch_metric_learning.losses import FastAPLoss
+
+        loss_fn = FastAPLoss(num_bins=10)
+        step = lambda: loss_fn(x, labels).backward()  # noqa: E731
+    else:
+        step = lambda: (lambda s: (s * s).sum())(x @ x.T).backward()  # noqa: E731
+    baseline = _rss_bytes()
+    times = []
+    for _ in range(repeats):
+        x.grad = None
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"time": min(times), "peak": max(0, peak - baseline)}
+
+
+def measure(case: str, n: int, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", case, str(n), str(args.dim), str(args.repeats)]
+    cmd.append(str(args.threads))
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 4096, 8192])
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--pml-max", type=int, default=4096)
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        case, n, dim, repeats, threads = args.child
+        print(json.dumps(run_case(case, int(n), int(dim), int(repeats), int(threads))))
+        return
+    print(
+        f"FastAP forward+backward, CPU, {args.threads} threads, d={args.dim}, 10 bins, "
+        f"best of {args.repeats}; peak = RSS growth during the calls"
+    )
+    print(
+        "| N | ours s | PML s | floor s | PML / ours | ours / floor "
+        "| ours MiB | PML MiB | floor MiB | ours / PML mem |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for n in args.sizes:
+        ours = measure("ours", n, args)
+        floor = measure("floor", n, args)
+        pml = measure("pml", n, args) if n <= args.pml_max else None
+        mib = lambda r: f"{r['peak'] / 2**20:.0f}"  # noqa: E731
+        row = [
+            n,
+            f"{ours['time']:.3f}",
+            f"{pml['time']:.3f}" if pml else "skipped",
+            f"{floor['time']:.3f}",
+            f"{pml['time'] / ours['time']:.1f}x" if pml else "-",
+            f"{ours['time'] / floor['time']:.2f}x",
+            mib(ours),
+            mib(pml) if pml else "-",
+            mib(floor),
+            f"1/{pml['peak'] / max(ours['peak'], 1):.0f}" if pml else "-",
+        ]
+        print("| " + " | ".join(str(v) for v in row) + " |", flush=True)
+    if any(n > args.pml_max for n in args.sizes):
+        print(f"PML skipped above N={args.pml_max} (--pml-max): O(L N^2) memory.")
+
+
+if __name__ == "__main__":
+    main()
