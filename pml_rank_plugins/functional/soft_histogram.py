@@ -13,9 +13,14 @@ values outside the range saturate into the end bins (and get no gradient there).
 Every pair ``(i, j)`` carries a category: 0 = positive, 1 = negative, 2 = ignored (self pair,
 unmined pair). The output is ``(N, 2, L + 1)``: positive and negative histograms per query.
 
-Memory: :class:`PairHistogram` keeps only ``Q``, ``R`` and the int8 categories for backward, and
+Categories come from a *source* with ``rows(start, stop)``: :class:`DenseCategories` wraps an
+``(N, M)`` int8 tensor (pairs from a miner), :class:`LabelCategories` derives each chunk's
+categories from the labels (same label = positive, else negative, self pair ignored), so the
+common case never materializes anything of size N x M.
+
+Memory: :class:`PairHistogram` keeps only ``Q``, ``R`` and the category source for backward, and
 recomputes each query chunk's scores there. Peak extra memory is O(chunk * M) floats (plus
-O(N M) bytes of categories), independent of ``L``; time O(N M d) for the products (twice: forward
+O(N M) bytes for dense categories), independent of ``L``; time O(N M d) for the products (twice: forward
 and recomputation) plus O(N M) elementwise work.
 """
 
@@ -49,10 +54,40 @@ def _bin_units(queries, refs, categories, offset, scale, num_intervals):
     return u, left, column
 
 
+class DenseCategories:
+    """Category source over a precomputed ``(N, M)`` int8 tensor."""
+
+    def __init__(self, categories: torch.Tensor):
+        self.categories = categories.to(torch.int8)
+        self.shape = tuple(categories.shape)
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        return self.categories[start:stop]
+
+
+class LabelCategories:
+    """Categories computed per chunk from labels: 0 where the labels match, 1 where they differ,
+    2 at ``self_columns[i]`` (the query's own column when ranking a batch against itself).
+    O(chunk * M) per call, nothing of size N x M is stored."""
+
+    def __init__(self, labels: torch.Tensor, ref_labels: torch.Tensor, self_columns=None):
+        self.labels, self.ref_labels, self.self_columns = labels, ref_labels, self_columns
+        self.shape = (len(labels), len(ref_labels))
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        labels = self.labels[start:stop]
+        categories = (labels.view(-1, 1) != self.ref_labels.view(1, -1)).to(torch.int8)
+        if self.self_columns is not None:
+            local = torch.arange(len(labels), device=labels.device)
+            categories[local, self.self_columns[start:stop]] = IGNORED
+        return categories
+
+
 class PairHistogram(torch.autograd.Function):
     """``(N, 2, L + 1)`` positive/negative soft histograms of ``offset + scale * Q R^T``.
 
-    Inputs: ``queries`` (N, d), ``refs`` (M, d), ``categories`` (N, M) int8 in {0, 1, 2},
+    Inputs: ``queries`` (N, d), ``refs`` (M, d), ``categories`` a category source (rows of
+    int8 in {0, 1, 2}),
     ``offset``, ``scale`` (floats), ``num_intervals`` L >= 1, ``chunk_rows`` (rows per chunk).
     Differentiable w.r.t. ``queries`` and ``refs`` (pass the same tensor twice for self-ranking).
     """
@@ -64,18 +99,25 @@ class PairHistogram(torch.autograd.Function):
         for start in range(0, len(queries), chunk_rows):
             stop = start + chunk_rows
             u, left, column = _bin_units(
-                queries[start:stop], refs, categories[start:stop], offset, scale, num_intervals
+                queries[start:stop],
+                refs,
+                categories.rows(start, stop),
+                offset,
+                scale,
+                num_intervals,
             )
             frac = u.clamp_(0, num_intervals).sub_(left)
             out[start:stop].scatter_add_(1, column + 1, frac)
             out[start:stop].scatter_add_(1, column, frac.neg_().add_(1))
-        ctx.save_for_backward(queries, refs, categories)
+        ctx.save_for_backward(queries, refs)
+        ctx.categories = categories
         ctx.params = (offset, scale, num_intervals, chunk_rows)
         return out[:, : 2 * num_bins].reshape(len(queries), 2, num_bins)
 
     @staticmethod
     def backward(ctx, grad_hist):
-        queries, refs, categories = ctx.saved_tensors
+        queries, refs = ctx.saved_tensors
+        categories = ctx.categories
         offset, scale, num_intervals, chunk_rows = ctx.params
         num_bins = num_intervals + 1
         grad = grad_hist.new_zeros(len(queries), 3 * num_bins + 1)
@@ -85,7 +127,12 @@ class PairHistogram(torch.autograd.Function):
         for start in range(0, len(queries), chunk_rows):
             stop = start + chunk_rows
             u, _, column = _bin_units(
-                queries[start:stop], refs, categories[start:stop], offset, scale, num_intervals
+                queries[start:stop],
+                refs,
+                categories.rows(start, stop),
+                offset,
+                scale,
+                num_intervals,
             )
             g = grad[start:stop]
             # Inside (0, L), d(frac)/du = 1 and d(1 - frac)/du = -1; clamped values get no gradient.
@@ -101,7 +148,7 @@ class PairHistogram(torch.autograd.Function):
 def pair_histograms(
     queries: torch.Tensor,
     refs: torch.Tensor,
-    categories: torch.Tensor,
+    categories,
     offset: float,
     scale: float,
     num_intervals: int,
@@ -112,13 +159,16 @@ def pair_histograms(
     Args:
         queries: ``(N, d)`` L2-normalized query embeddings.
         refs: ``(M, d)`` L2-normalized reference embeddings (may be ``queries`` itself).
-        categories: ``(N, M)`` int8, 0 positive, 1 negative, 2 ignored.
+        categories: ``(N, M)`` int8 tensor (0 positive, 1 negative, 2 ignored) or a category
+            source (:class:`LabelCategories`, :class:`DenseCategories`).
         offset, scale: the histogrammed value in bin units is ``offset + scale * q.r``.
         num_intervals: ``L``, the number of bin spacings; there are ``L + 1`` bin centres.
         chunk_size: query rows per chunk (``None``: about 256K scores per chunk).
     """
     if num_intervals < 1:
         raise ValueError(f"num_intervals must be >= 1, got {num_intervals}")
+    if isinstance(categories, torch.Tensor):
+        categories = DenseCategories(categories)
     if categories.shape != (len(queries), len(refs)):
         raise ValueError(
             f"categories must have shape {(len(queries), len(refs))}, got {tuple(categories.shape)}"
@@ -127,7 +177,7 @@ def pair_histograms(
     return PairHistogram.apply(
         queries,
         refs,
-        categories.to(torch.int8),
+        categories,
         float(offset),
         float(scale),
         int(num_intervals),

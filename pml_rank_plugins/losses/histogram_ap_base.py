@@ -6,7 +6,7 @@ import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
-from ..functional.soft_histogram import pair_categories, pair_histograms
+from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
 from ..functional.validation import check_finite, compute_dtype
 from .pair_masks import pair_masks
 
@@ -69,23 +69,23 @@ class HistogramAPLoss(BaseMetricLossFunction):
         queries = self.distance.normalize(embeddings.to(dtype))
         refs = queries if is_self else self.distance.normalize(ref_emb.to(dtype))
         with torch.no_grad():
-            pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
-            num_pos, num_neg = pos_mask.sum(dim=1), neg_mask.sum(dim=1)
+            categories, num_pos, num_neg = self._list_categories(
+                labels, ref_labels, indices_tuple, is_self
+            )
             valid = (num_pos > 0) & (num_neg > 0)
         self.num_valid_queries = int(valid.sum())
         self.num_skipped_queries = len(valid) - self.num_valid_queries
         if self.num_valid_queries == 0:
             return self.zero_losses()
         rows = torch.nonzero(valid).squeeze(1)
+        if isinstance(categories, torch.Tensor):
+            categories = categories[rows]
+        else:
+            self_columns = rows if is_self else None
+            categories = LabelCategories(labels[rows], ref_labels, self_columns)
         offset, scale = self._bin_transform()
         hist = pair_histograms(
-            queries[rows],
-            refs,
-            pair_categories(pos_mask[rows], neg_mask[rows]),
-            offset,
-            scale,
-            self.num_intervals,
-            self.chunk_size,
+            queries[rows], refs, categories, offset, scale, self.num_intervals, self.chunk_size
         )
         ap = self._average_precision(hist[:, 0], hist[:, 1], num_pos[rows].to(dtype))
         losses = 1 - ap
@@ -93,3 +93,16 @@ class HistogramAPLoss(BaseMetricLossFunction):
         if weights is not None:
             losses = losses * weights.to(dtype)
         return {"loss": {"losses": losses, "indices": rows, "reduction_type": "element"}}
+
+    @staticmethod
+    def _list_categories(labels, ref_labels, indices_tuple, is_self):
+        """Per-pair categories (dense int8 with a miner, else ``None``: derived per chunk from the
+        labels) and per-query positive / negative counts. Without a miner this is O(N + M)."""
+        if indices_tuple is not None:
+            pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
+            return pair_categories(pos_mask, neg_mask), pos_mask.sum(1), neg_mask.sum(1)
+        classes, ref_counts = torch.unique(ref_labels, return_counts=True)
+        slot = torch.searchsorted(classes, labels).clamp_(max=len(classes) - 1)
+        same = torch.where(classes[slot] == labels, ref_counts[slot], 0)
+        num_pos = same - 1 if is_self else same
+        return None, num_pos, len(ref_labels) - same

@@ -2,7 +2,11 @@ import pytest
 import torch
 from torch.autograd import gradcheck
 
-from pml_rank_plugins.functional.soft_histogram import pair_categories, pair_histograms
+from pml_rank_plugins.functional.soft_histogram import (
+    LabelCategories,
+    pair_categories,
+    pair_histograms,
+)
 
 from ..reference_histogram_ap import dense_kernel
 
@@ -98,3 +102,22 @@ def test_bad_arguments():
         pair_histograms(q, r, categories[:, :3], 0.0, 1.0, 4)
     with pytest.raises(ValueError, match="chunk_size"):
         pair_histograms(q, r, categories, 0.0, 1.0, 4, chunk_size=0)
+
+
+def test_label_categories_equal_dense_masks_chunk_by_chunk():
+    labels = torch.tensor([0, 1, 0, 2, 1, 1])
+    ref_labels = torch.tensor([1, 0, 0, 2, 1, 1, 3])
+    rows = torch.tensor([4, 0, 2])  # queries are batch rows 4, 0, 2; their self columns
+    source = LabelCategories(labels[rows], ref_labels, self_columns=rows)
+    pos = labels[rows].view(-1, 1) == ref_labels.view(1, -1)
+    pos[torch.arange(3), rows] = False
+    neg = labels[rows].view(-1, 1) != ref_labels.view(1, -1)
+    neg[torch.arange(3), rows] = False
+    dense = pair_categories(pos, neg)
+    for start, stop in [(0, 3), (0, 1), (1, 3)]:
+        assert torch.equal(source.rows(start, stop), dense[start:stop])
+    q, r, _ = random_inputs(n=3, m=7)
+    torch.testing.assert_close(
+        pair_histograms(q, r, source, 5.0, -5.0, 10, chunk_size=2),
+        pair_histograms(q, r, dense, 5.0, -5.0, 10),
+    )
