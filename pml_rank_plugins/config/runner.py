@@ -87,6 +87,28 @@ def _load_state_dicts(objs: dict, states: dict) -> None:
             objs[k].load_state_dict(s)
 
 
+def sampler_state(sampler) -> Any:
+    """The sampler's state: ``state_dict()`` if it has one, else a copy of its attributes.
+
+    PML's ``MPerClassSampler`` reshuffles its own label list in place every epoch, so the
+    sampler object itself carries state that the RNG states alone do not capture.
+    """
+    if sampler is None:
+        return None
+    if hasattr(sampler, "state_dict"):
+        return {"state_dict": sampler.state_dict()}
+    return {"attributes": copy.deepcopy(vars(sampler))}
+
+
+def load_sampler_state(sampler, state) -> None:
+    if sampler is None or state is None:
+        return
+    if "state_dict" in state:
+        sampler.load_state_dict(state["state_dict"])
+    else:
+        vars(sampler).update(copy.deepcopy(state["attributes"]))
+
+
 def make_checkpoint(exp: builder.Experiment, epoch: int, history: list, best: dict) -> dict:
     sampler = exp.sampler
     return {
@@ -96,7 +118,7 @@ def make_checkpoint(exp: builder.Experiment, epoch: int, history: list, best: di
         "lr_schedulers": _state_dicts(exp.lr_schedulers),
         "loss_funcs": _state_dicts(exp.loss_funcs),
         "mining_funcs": _state_dicts(exp.mining_funcs),
-        "sampler_epoch": getattr(sampler, "epoch", epoch),
+        "sampler": sampler_state(sampler),
         "rng": rng_state(),
         "history": history,
         "best": best,
@@ -109,6 +131,7 @@ def restore_checkpoint(exp: builder.Experiment, ckpt: dict) -> None:
     _load_state_dicts(exp.lr_schedulers, ckpt["lr_schedulers"])
     _load_state_dicts(exp.loss_funcs, ckpt["loss_funcs"])
     _load_state_dicts(exp.mining_funcs, ckpt["mining_funcs"])
+    load_sampler_state(exp.sampler, ckpt.get("sampler"))
     set_rng_state(ckpt["rng"])
 
 

@@ -1,0 +1,99 @@
+"""End-to-end runs on the stand-ins: outputs, resume equivalence, eval, no faiss."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from pml_rank_plugins.config import runner
+from tests.config.standins import tiny_config
+
+METRICS = {
+    "precision_at_1",
+    "r_precision",
+    "mean_average_precision_at_r",
+    "recall_at_1",
+    "recall_at_2",
+    "recall_at_4",
+}
+
+
+def test_tiny_run_writes_everything(tmp_path):
+    run = tmp_path / "run"
+    m = runner.train(tiny_config(), run)
+    assert set(m["test"]) == {"test"} and set(m["test"]["test"]) == METRICS
+    assert [h["epoch"] for h in m["history"]] == [1, 2]
+    assert all(set(h["validation"]["val"]) == METRICS for h in m["history"])
+    assert m["best"]["epoch"] in (1, 2)
+    for f in ("config.yaml", "metrics.json", "checkpoints/latest.pt", "checkpoints/best.pt"):
+        assert (run / f).is_file(), f
+    assert (run / "logs" / "logs.db").is_file()
+    assert (run / "logs" / "loss_histories.csv").is_file()
+    assert any("VAL" in p.name for p in (run / "logs").glob("accuracies*.csv"))
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert not list((run / "checkpoints").glob("*.tmp"))  # atomic writes leave nothing behind
+    ckpt = runner.load_checkpoint(run / "checkpoints" / "latest.pt")
+    assert ckpt["epoch"] == 2 and {"torch", "numpy", "python"} <= set(ckpt["rng"])
+    assert json.loads((run / "metrics.json").read_text())["test"] == m["test"]
+
+    # `eval` rebuilds the run and reproduces the test metrics of the best checkpoint.
+    ev = runner.evaluate(run)
+    assert ev["epoch"] == m["best"]["epoch"]
+    assert ev["test"] == pytest.approx(m["test"]["test"])
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [{"MPerClassSampler": {"m": 3, "length_before_new_iter": 36}}, None],
+    ids=["m_per_class_numpy_rng", "shuffle_torch_rng"],
+)
+def test_resume_equals_uninterrupted(tmp_path, sampler):
+    cfg = tiny_config(trainer={"MetricLossOnly": {"num_epochs": 3}})
+    cfg["sampler"] = sampler
+    cfg["lr_schedulers"] = {"trunk_scheduler_by_epoch": {"StepLR": {"step_size": 1, "gamma": 0.5}}}
+    straight = runner.train(cfg, tmp_path / "a")
+    part = runner.train(cfg, tmp_path / "b", stop_after_epoch=1)
+    assert part["interrupted_after_epoch"] == 1
+    torch.manual_seed(12345)  # a fresh process would have other RNG states: resume must not care
+    resumed = runner.train(None, tmp_path / "b", resume=True)
+    a = runner.load_checkpoint(tmp_path / "a" / "checkpoints" / "latest.pt")
+    b = runner.load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")
+    for key in ("models", "optimizers", "lr_schedulers"):
+        assert a[key].keys() == b[key].keys()
+    for name, state in a["models"].items():
+        for k, v in state.items():
+            assert torch.equal(v, b["models"][name][k]), (name, k)
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+    assert straight["history"] == resumed["history"]
+    assert straight["test"] == resumed["test"]
+    assert straight["best"] == resumed["best"]
+
+
+def test_resume_refuses_a_changed_config(tmp_path):
+    cfg = tiny_config()
+    runner.train(cfg, tmp_path / "r", stop_after_epoch=1)
+    cfg["seed"] = 99
+    with pytest.raises(ValueError, match="config differs"):
+        runner.train(cfg, tmp_path / "r", resume=True)
+
+
+def test_runs_without_faiss(tmp_path, monkeypatch):
+    cfg = tiny_config(trainer={"MetricLossOnly": {"num_epochs": 1}})
+    reference = runner.train(cfg, tmp_path / "faiss")
+    monkeypatch.setitem(sys.modules, "faiss", None)  # `import faiss` now raises ImportError
+    with_faiss_hidden = runner.train(cfg, tmp_path / "nofaiss")
+    assert with_faiss_hidden["test"]["test"] == pytest.approx(reference["test"]["test"])
+
+
+def test_query_gallery_and_patience(tmp_path):
+    cfg = tiny_config(trainer={"MetricLossOnly": {"num_epochs": 4}})
+    cfg["split"]["query_gallery"] = {"test": ["query", "gallery"], "fraction": 0.5}
+    cfg["eval"]["test"] = [{"query": "query", "reference": ["gallery"]}]
+    cfg["eval"]["patience"] = 0
+    cfg["optimizers"]["trunk_optimizer"] = {"SGD": {"lr": 0.0}}  # nothing improves after epoch 1
+    m = runner.train(cfg, tmp_path / "qg")
+    assert m["stopped_early"] and m["epochs_run"] == 2 and m["best"]["epoch"] == 1
+    assert set(m["test"]) == {"query"} and set(m["test"]["query"]) == METRICS
