@@ -1,9 +1,9 @@
 """Command line interface ``pml-rank`` (also ``python -m pml_rank_plugins.cli``).
 
-    pml-rank train CONFIG [--out RUN_DIR] [--method NAME] [--set key=value ...] [--resume]
-    pml-rank eval RUN_DIR [--which best|latest]
-    pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--set key=value ...]
-    pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to
+pml-rank train CONFIG [--out RUN_DIR] [--method NAME] [--set key=value ...] [--resume]
+pml-rank eval RUN_DIR [--which best|latest]
+pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--set key=value ...]
+pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to
 """
 
 from __future__ import annotations

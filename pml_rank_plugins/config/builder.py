@@ -99,7 +99,7 @@ def build_splits(config: dict, seed: int) -> dict[str, torch.utils.data.Dataset]
     parts = fn(np.asarray(dataset.labels), **instantiate(fn_kwargs, "split"))
     if len(parts) != len(names):
         raise ConfigError(f"split: {fn_name} returned {len(parts)} parts for names {names}")
-    out = {n: labeled_subset(dataset, idx) for n, idx in zip(names, parts)}
+    out = {n: labeled_subset(dataset, idx) for n, idx in zip(names, parts, strict=True)}
     fraction = float(qg.pop("fraction", 0.5))
     qg_seed = int(qg.pop("seed", 0))
     for source, (qname, gname) in qg.items():
@@ -327,4 +327,3 @@ def make_trainer(exp: Experiment, end_of_iteration_hook=None, end_of_epoch_hook=
         end_of_epoch_hook=end_of_epoch_hook,
         **kwargs,
     )
-

@@ -211,11 +211,19 @@ def write_plots(results: dict[str, list[dict]], out_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method, runs in results.items():
         ks = sorted(
-            {int(k[len("recall_at_") :]) for r in runs for k in _test_metrics(r) if "recall_at_" in k}
+            {
+                int(k[len("recall_at_") :])
+                for r in runs
+                for k in _test_metrics(r)
+                if "recall_at_" in k
+            }
         )
         if not ks:
             continue
-        vals = [100 * np.mean([_test_metrics(r).get(f"recall_at_{k}", np.nan) for r in runs]) for k in ks]
+        vals = [
+            100 * np.mean([_test_metrics(r).get(f"recall_at_{k}", np.nan) for r in runs])
+            for k in ks
+        ]
         ax.plot(ks, vals, marker="o", label=method)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("K")

@@ -273,7 +273,9 @@ def train(
 
     # Final test: the best validation epoch's weights (the last epoch's without validation).
     if best["epoch"] is not None:
-        _load_state_dicts(exp.models, load_checkpoint(run_dir / "checkpoints" / "best.pt")["models"])
+        _load_state_dicts(
+            exp.models, load_checkpoint(run_dir / "checkpoints" / "best.pt")["models"]
+        )
     final_epoch = best["epoch"] if best["epoch"] is not None else history[-1]["epoch"]
     test = run_eval(tester, exp, test_entries, final_epoch) if test_entries else {}
     if not test and val_entries and best["epoch"] is not None:

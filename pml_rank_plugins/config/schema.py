@@ -56,7 +56,7 @@ def is_object_spec(value: Any) -> bool:
     or prefixed). Lower-case single-key mappings (``{metric_loss: ...}``) are plain dicts."""
     if not isinstance(value, dict) or len(value) != 1:
         return False
-    (name, kwargs) = next(iter(value.items()))
+    name, kwargs = next(iter(value.items()))
     if not isinstance(name, str) or not _CLASSLIKE.match(name):
         return False
     if not (kwargs is None or isinstance(kwargs, dict)):

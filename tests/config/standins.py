@@ -87,3 +87,79 @@ def tiny_config(**overrides) -> dict:
         },
     }
     return deep_merge(cfg, overrides)
+
+
+# --- Contract stand-ins -------------------------------------------------------------------------
+# Signatures copied from the contract in the project brief. Used only where the real class is not
+# (yet) importable, so that the shipped configs are validated against the real classes once they
+# exist and against the contract before.
+
+
+class _Loss(torch.nn.Module):
+    def __init__(self, **kwargs):
+        super().__init__()
+
+
+class FastAPLoss(_Loss):
+    def __init__(self, num_bins=10, **kwargs):
+        super().__init__(**kwargs)
+
+
+class QuantizedAPLoss(_Loss):
+    def __init__(self, num_bins=20, class_balanced=False, tie_aware=False, **kwargs):
+        super().__init__(**kwargs)
+
+
+class RankedListLoss(_Loss):
+    def __init__(
+        self, margin=0.4, alpha=1.2, Tn=10.0, Tp=0.0, lam=1.0, gallery_gradient=False, **kwargs
+    ):
+        super().__init__(**kwargs)
+
+
+class CategoryHardSampler:
+    def __init__(
+        self,
+        labels,
+        batch_size,
+        batches_per_pair=5,
+        categories_per_batch=2,
+        samples_per_class="all",
+        seed=0,
+        num_replicas=1,
+        rank=0,
+    ):
+        pass
+
+
+class RandomClassSampler:
+    def __init__(self, labels, batch_size, samples_per_class="all", seed=0, num_replicas=1, rank=0):
+        pass
+
+
+class GlyphDataset:
+    def __init__(self, root=None, seed=0, transform=None):
+        pass
+
+
+class OmniglotDataset:
+    def __init__(self, path, image_size=28, transform=None):
+        pass
+
+
+class ConvEmbedder(torch.nn.Module):
+    def __init__(self, in_channels=1, embedding_dim=64, normalize=False):
+        super().__init__()
+
+
+def class_disjoint_split(labels, fractions=(0.5, 0.5), seed=0):
+    return tiny_class_disjoint_split(labels, fractions, seed)
+
+
+CONTRACT = {
+    "pml_rank_plugins.losses": [FastAPLoss, QuantizedAPLoss, RankedListLoss],
+    "pml_rank_plugins.samplers": [CategoryHardSampler, RandomClassSampler],
+    "pml_rank_plugins.data": [GlyphDataset, OmniglotDataset],
+    "pml_rank_plugins.models": [ConvEmbedder],
+    "pml_rank_plugins.data.splits": [class_disjoint_split],
+}

@@ -53,7 +53,12 @@ def test_deep_merge_replaces_specs_of_other_classes_and_deletes_on_none():
 def test_set_overrides_descend_into_specs():
     cfg = tiny_config()
     for path, value in parse_set(
-        ["trainer.num_epochs=7", "eval.recall_at_k=[1, 10]", "seed=3", "trainer.MetricLossOnly.batch_size=6"]
+        [
+            "trainer.num_epochs=7",
+            "eval.recall_at_k=[1, 10]",
+            "seed=3",
+            "trainer.MetricLossOnly.batch_size=6",
+        ]
     ):
         apply_set(cfg, path, value)
     assert cfg["trainer"]["MetricLossOnly"]["num_epochs"] == 7
@@ -105,7 +110,9 @@ def test_validation_errors():
     with pytest.raises(UnknownNameError, match="ContrastiveLoss"):
         validate(cfg)
     cfg = tiny_config(
-        loss_funcs={"metric_loss": {"ContrastiveLoss": {"distance": {"CosineSimilarity": {"pp": 3}}}}}
+        loss_funcs={
+            "metric_loss": {"ContrastiveLoss": {"distance": {"CosineSimilarity": {"pp": 3}}}}
+        }
     )
     with pytest.raises(TypeError, match=r"CosineSimilarity\("):
         validate(cfg)
