@@ -184,6 +184,7 @@ def write_plots(results: dict[str, list[dict]], out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     paths = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -199,8 +200,9 @@ def write_plots(results: dict[str, list[dict]], out_dir: Path) -> list[Path]:
         if series:
             ep = sorted(series)
             ax.plot(ep, [100 * np.mean(series[e]) for e in ep], marker="o", label=method)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("epoch")
-    ax.set_ylabel("validation MAP@R (%)")
+    ax.set_ylabel("validation MAP@R (%), mean over seeds")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -209,6 +211,7 @@ def write_plots(results: dict[str, list[dict]], out_dir: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    all_ks: set[int] = {1}
     for method, runs in results.items():
         ks = sorted(
             {
@@ -220,12 +223,16 @@ def write_plots(results: dict[str, list[dict]], out_dir: Path) -> list[Path]:
         )
         if not ks:
             continue
+        all_ks.update(ks)
         vals = [
             100 * np.mean([_test_metrics(r).get(f"recall_at_{k}", np.nan) for r in runs])
             for k in ks
         ]
         ax.plot(ks, vals, marker="o", label=method)
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(all_ks)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("K")
     ax.set_ylabel("test Recall@K (%)")
     ax.grid(alpha=0.3)
