@@ -235,8 +235,9 @@ def validate(config: dict) -> dict:
     }
     if config.get("sampler"):
         slots["sampler"] = config["sampler"]
-    if config.get("split"):
-        slots["split"] = {k: v for k, v in config["split"].items() if k not in SPLIT_KEYS}
+    split_fn = {k: v for k, v in (config.get("split") or {}).items() if k not in SPLIT_KEYS}
+    if split_fn:
+        slots["split"] = split_fn
     if ev.get("tester"):
         slots["eval.tester"] = ev["tester"]
     for where, spec in slots.items():

@@ -97,3 +97,32 @@ def test_query_gallery_and_patience(tmp_path):
     m = runner.train(cfg, tmp_path / "qg")
     assert m["stopped_early"] and m["epochs_run"] == 2 and m["best"]["epoch"] == 1
     assert set(m["test"]) == {"query"} and set(m["test"]["query"]) == METRICS
+
+
+def test_atomic_save_keeps_the_previous_checkpoint_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "ck" / "latest.pt"
+    runner.atomic_torch_save({"epoch": 1}, path)
+
+    def broken_save(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        runner.atomic_torch_save({"epoch": 2}, path)
+    monkeypatch.undo()
+    assert runner.load_checkpoint(path) == {"epoch": 1}
+    assert [p.name for p in path.parent.iterdir()] == ["latest.pt"]
+
+
+def test_whole_dataset_without_split_trains(tmp_path):
+    cfg = tiny_config()
+    cfg["split"] = {"names": ["train"]}
+    cfg["eval"] = {"validation": ["train"], "recall_at_k": [1]}
+    m = runner.train(cfg, tmp_path / "nosplit")
+    assert set(m["test"]["train"]) == {
+        "precision_at_1",
+        "r_precision",
+        "mean_average_precision_at_r",
+        "recall_at_1",
+    }

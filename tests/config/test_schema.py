@@ -116,6 +116,11 @@ def test_validation_errors():
     )
     with pytest.raises(TypeError, match=r"CosineSimilarity\("):
         validate(cfg)
+    cfg = tiny_config(
+        loss_funcs={"metric_loss": {"ContrastiveLoss": {"distance": {"CosineSimilarty": {}}}}}
+    )
+    with pytest.raises(UnknownNameError, match="CosineSimilarity"):
+        validate(cfg)
     cfg = tiny_config(trainer={"MetricLossOnly": {"batchsize": 4}})
     with pytest.raises(TypeError, match="did you mean batch_size"):
         validate(cfg)
