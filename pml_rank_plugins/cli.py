@@ -14,9 +14,15 @@ import logging
 import sys
 from pathlib import Path
 
+import yaml
+
 from .config import compare, registry, runner
 from .config.compare import slug
-from .config.schema import load_config
+from .config.registry import UnknownNameError
+from .config.schema import ConfigError, load_config
+
+# Raised while loading/validating configs only (never caught around training).
+CONFIG_ERRORS = (ConfigError, UnknownNameError, TypeError, ValueError, OSError, yaml.YAMLError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,8 +71,28 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         logging.getLogger("PML").setLevel(logging.WARNING)
+    try:
+        return _run(args)
+    except _BadConfig as e:
+        print(f"pml-rank: config error: {e}", file=sys.stderr)
+        return 2
+
+
+class _BadConfig(Exception):
+    pass
+
+
+def _load(fn, *args, **kwargs):
+    """Load/validate configs, turning config mistakes into a clean message (exit code 2)."""
+    try:
+        return fn(*args, **kwargs)
+    except CONFIG_ERRORS as e:
+        raise _BadConfig(str(e)) from e
+
+
+def _run(args) -> int:
     if args.command == "train":
-        configs = load_config(args.config, args.overrides)
+        configs = _load(load_config, args.config, args.overrides)
         if args.method:
             if args.method not in configs:
                 print(f"unknown method {args.method!r}; have {list(configs)}", file=sys.stderr)
@@ -81,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(runner.evaluate(args.run_dir, args.which, args.device), indent=2))
     elif args.command == "compare":
         methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
+        _load(compare.collect_methods, args.configs, args.overrides, methods)  # fail fast
         summary = compare.run_comparison(
             args.configs,
             args.out,

@@ -94,3 +94,13 @@ def test_list_shows_resolution(capsys):
     assert main(["list", "TripletMargin"]) == 0
     out = capsys.readouterr().out
     assert "TripletMarginLoss" in out and "pytorch_metric_learning" in out
+
+
+def test_config_mistakes_exit_2_with_a_clear_message(tmp_path, config_file, capsys):
+    assert main(["compare", str(config_file), "--methods", "Nope", "--out", str(tmp_path)]) == 2
+    assert "unknown ['Nope']" in capsys.readouterr().err
+    args = ["train", str(config_file), "--set", "loss_funcs.metric_loss={ContrastivLoss: {}}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "config error: unknown name 'ContrastivLoss'" in err and "ContrastiveLoss" in err
+    assert main(["train", str(tmp_path / "missing.yaml")]) == 2
