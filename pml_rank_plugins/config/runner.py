@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -214,6 +215,11 @@ def train(
     resuming = resume and ckpt_path.exists()
     if resume and not resuming:
         LOGGER.warning("--resume: no checkpoint in %s; starting from scratch", run_dir)
+    if not resuming:  # a fresh run must not append to an older run's logs
+        for stale in ("logs", "tensorboard", "checkpoints"):
+            shutil.rmtree(run_dir / stale, ignore_errors=True)
+        for stale in ("metrics.json", "eval.json"):
+            (run_dir / stale).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     if resuming and saved_cfg.exists() and load_yaml(saved_cfg) != config:
         raise ValueError(f"--resume: config differs from {saved_cfg}; resume with the same config")

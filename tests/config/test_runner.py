@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 
 import pytest
@@ -70,6 +71,18 @@ def test_resume_equals_uninterrupted(tmp_path, sampler):
     assert straight["history"] == resumed["history"]
     assert straight["test"] == resumed["test"]
     assert straight["best"] == resumed["best"]
+    # The logs of the resumed run continue the interrupted ones: same epochs, nothing twice.
+    for run in ("a", "b"):
+        db = sqlite3.connect(tmp_path / run / "logs" / "logs.db")
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        val = next(t for t in tables if t.endswith("VAL_vs_self"))
+        epochs = [r[0] for r in db.execute(f"SELECT epoch FROM {val}")]
+        assert epochs == [1, 2, 3], (run, epochs)
+    # Training again without --resume starts clean instead of appending.
+    again = runner.train(cfg, tmp_path / "a")
+    assert again["history"] == straight["history"]
+    db = sqlite3.connect(tmp_path / "a" / "logs" / "logs.db")
+    assert [r[0] for r in db.execute(f"SELECT epoch FROM {val}")] == [1, 2, 3]
 
 
 def test_resume_refuses_a_changed_config(tmp_path):
