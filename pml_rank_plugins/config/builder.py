@@ -232,15 +232,17 @@ def splits_to_eval(entries: list, available: dict) -> list[tuple[str, list[str]]
 
 
 def build_tester(config: dict, device: torch.device, end_of_testing_hook=None):
+    """The configured PML tester; its calculator is ours (Recall@K, faiss or ``CustomKNN``)
+    unless the tester spec names an ``accuracy_calculator`` itself."""
     ev = eval_settings(config)
-    calc = make_accuracy_calculator(
-        metrics=ev["metrics"], recall_at_k=ev["recall_at_k"], k=ev["k"], device=device
-    )
     tester_spec = ev.get("tester") or {"GlobalEmbeddingSpaceTester": {}}
     name, kwargs = spec_name_and_kwargs(tester_spec, "eval.tester")
     cls = registry.resolve(name)
     kwargs = instantiate(kwargs, f"eval.tester.{name}")
     registry.check_keywords(cls, kwargs, "eval.tester")
+    calc = kwargs.pop("accuracy_calculator", None) or make_accuracy_calculator(
+        metrics=ev["metrics"], recall_at_k=ev["recall_at_k"], k=ev["k"], device=device
+    )
     kwargs.setdefault("data_device", device)
     if end_of_testing_hook is not None:
         kwargs.setdefault("end_of_testing_hook", end_of_testing_hook)

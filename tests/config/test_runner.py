@@ -139,3 +139,20 @@ def test_whole_dataset_without_split_trains(tmp_path):
         "mean_average_precision_at_r",
         "recall_at_1",
     }
+
+
+def test_nested_objects_user_accuracy_calculator(tmp_path):
+    """A tester spec may carry its own calculator, built from nested object specs."""
+    calc = {
+        "RecallAtKAccuracyCalculator": {
+            "recall_at_k": [1, 3],
+            "include": ["precision_at_1", "recall_at_1", "recall_at_3"],
+            "knn_func": {"CustomKNN": {"distance": {"CosineSimilarity": {}}}},
+        }
+    }
+    cfg = tiny_config(trainer={"MetricLossOnly": {"num_epochs": 1}})
+    cfg["eval"]["tester"] = {"GlobalEmbeddingSpaceTester": {"accuracy_calculator": calc}}
+    cfg["eval"]["primary_metric"] = "precision_at_1"
+    m = runner.train(cfg, tmp_path / "calc")
+    assert set(m["test"]["test"]) == {"precision_at_1", "recall_at_1", "recall_at_3"}
+    assert m["test"]["test"]["recall_at_1"] == m["test"]["test"]["precision_at_1"]
