@@ -243,6 +243,11 @@ def build_tester(config: dict, device: torch.device, end_of_testing_hook=None):
     calc = kwargs.pop("accuracy_calculator", None) or make_accuracy_calculator(
         metrics=ev["metrics"], recall_at_k=ev["recall_at_k"], k=ev["k"], device=device
     )
+    primary = ev["primary_metric"]
+    if primary not in calc.get_curr_metrics():
+        raise ConfigError(
+            f"eval.primary_metric {primary!r} is not computed; metrics: {calc.get_curr_metrics()}"
+        )
     kwargs.setdefault("data_device", device)
     if end_of_testing_hook is not None:
         kwargs.setdefault("end_of_testing_hook", end_of_testing_hook)
@@ -284,6 +289,8 @@ def build_experiment(config: dict, device: torch.device | str | None = None) -> 
     trainer_cls = registry.resolve(tname)
     tkwargs = instantiate(dict(tkwargs), f"trainer.{tname}")
     num_epochs = int(tkwargs.pop("num_epochs", 1))
+    if num_epochs < 1:
+        raise ConfigError(f"trainer: num_epochs must be >= 1, got {num_epochs}")
     registry.check_keywords(trainer_cls, tkwargs, "trainer")
     if "batch_size" not in tkwargs:
         raise ConfigError("trainer: batch_size is required")

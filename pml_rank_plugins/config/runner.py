@@ -39,6 +39,15 @@ LOGGER = logging.getLogger(__name__)
 LOG_FREQ = 10
 
 
+def plain(value: Any) -> Any:
+    """Deep copy with tuples as lists, so a config equals its YAML round trip."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 
@@ -211,6 +220,7 @@ def train(
         if not saved_cfg.exists():
             raise FileNotFoundError(f"{saved_cfg} not found: give a config")
         config = load_yaml(saved_cfg)
+    config = plain(config)
     validate(config)
     resuming = resume and ckpt_path.exists()
     if resume and not resuming:
@@ -235,19 +245,19 @@ def train(
 
     history: list[dict] = []
     best = {"epoch": None, "value": None}
-    start_epoch = 1
+    start_epoch, stopped_early = 1, False
     if resuming:
         ckpt = load_checkpoint(ckpt_path)
         restore_checkpoint(exp, ckpt)
         history, best = ckpt["history"], ckpt["best"]
-        start_epoch = ckpt["epoch"] + 1
+        stopped_early = bool(ckpt.get("stopped_early", False))
+        start_epoch = exp.num_epochs + 1 if stopped_early else ckpt["epoch"] + 1
         LOGGER.info("resuming %s at epoch %d", run_dir, start_epoch)
 
     record_keeper, tb_writer, hooks = make_logging(run_dir, primary, val_split, resuming)
     tester = builder.build_tester(config, exp.device, hooks.end_of_testing_hook)
     trainer = builder.make_trainer(exp, end_of_iteration_hook=hooks.end_of_iteration_hook)
 
-    stopped_early = False
     for epoch in range(start_epoch, exp.num_epochs + 1):
         if hasattr(exp.sampler, "set_epoch"):
             exp.sampler.set_epoch(epoch)
@@ -266,11 +276,14 @@ def train(
         history.append(row)
         if record_keeper is not None:
             record_keeper.save_records()
-        atomic_torch_save(make_checkpoint(exp, epoch, history, best), ckpt_path)
         patience = ev["patience"]
         if patience is not None and best["epoch"] is not None and epoch - best["epoch"] > patience:
             LOGGER.info("validation %s plateaued for %d epochs; stopping", primary, patience)
             stopped_early = True
+        ckpt = make_checkpoint(exp, epoch, history, best)
+        ckpt["stopped_early"] = stopped_early
+        atomic_torch_save(ckpt, ckpt_path)
+        if stopped_early:
             break
         if stop_after_epoch is not None and epoch >= stop_after_epoch and epoch < exp.num_epochs:
             if tb_writer is not None:

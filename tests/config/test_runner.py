@@ -109,6 +109,8 @@ def test_query_gallery_and_patience(tmp_path):
     cfg["optimizers"]["trunk_optimizer"] = {"SGD": {"lr": 0.0}}  # nothing improves after epoch 1
     m = runner.train(cfg, tmp_path / "qg")
     assert m["stopped_early"] and m["epochs_run"] == 2 and m["best"]["epoch"] == 1
+    again = runner.train(None, tmp_path / "qg", resume=True)  # a finished run stays finished
+    assert again["epochs_run"] == 2 and again["history"] == m["history"]
     assert set(m["test"]) == {"query"} and set(m["test"]["query"]) == METRICS
 
 
@@ -156,3 +158,12 @@ def test_nested_objects_user_accuracy_calculator(tmp_path):
     m = runner.train(cfg, tmp_path / "calc")
     assert set(m["test"]["test"]) == {"precision_at_1", "recall_at_1", "recall_at_3"}
     assert m["test"]["test"]["recall_at_1"] == m["test"]["test"]["precision_at_1"]
+
+
+def test_primary_metric_must_be_computed(tmp_path):
+    from pml_rank_plugins.config.schema import ConfigError
+
+    cfg = tiny_config()
+    cfg["eval"]["primary_metric"] = "recall_at_32"
+    with pytest.raises(ConfigError, match="recall_at_32"):
+        runner.train(cfg, tmp_path / "bad")
