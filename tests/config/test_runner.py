@@ -167,3 +167,32 @@ def test_primary_metric_must_be_computed(tmp_path):
     cfg["eval"]["primary_metric"] = "recall_at_32"
     with pytest.raises(ConfigError, match="recall_at_32"):
         runner.train(cfg, tmp_path / "bad")
+
+
+def test_crash_mid_epoch_then_resume_equals_uninterrupted(tmp_path, monkeypatch):
+    """A real interruption (inside epoch 2) loses only that epoch's partial work."""
+    from pytorch_metric_learning.trainers import MetricLossOnly
+
+    cfg = tiny_config(trainer={"MetricLossOnly": {"num_epochs": 3}})
+    straight = runner.train(cfg, tmp_path / "a")
+
+    original = MetricLossOnly.calculate_loss
+    calls = {"n": 0}
+
+    def crashing(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 5:  # epoch 2, iteration 2 (3 iterations per epoch)
+            raise KeyboardInterrupt
+        return original(self, batch)
+
+    monkeypatch.setattr(MetricLossOnly, "calculate_loss", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        runner.train(cfg, tmp_path / "b")
+    monkeypatch.undo()
+    assert runner.load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")["epoch"] == 1
+    resumed = runner.train(cfg, tmp_path / "b", resume=True)
+    assert resumed["history"] == straight["history"]
+    assert resumed["test"] == straight["test"]
+    a = runner.load_checkpoint(tmp_path / "a" / "checkpoints" / "latest.pt")["models"]
+    b = runner.load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")["models"]
+    assert all(torch.equal(a["trunk"][k], b["trunk"][k]) for k in a["trunk"])
