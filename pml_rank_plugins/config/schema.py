@@ -4,6 +4,11 @@ A config is one YAML mapping in powerful-benchmarker's shape (see ``configs/defa
 the README). Objects are written ``{ClassName: {kwargs}}`` (an *object spec*); kwargs may hold
 further object specs (distances, reducers, transforms). A ``methods:`` mapping turns one file
 into several experiments: each method is a partial config deep-merged over the rest of the file.
+
+A nested ``{name: {...}}`` mapping is read as an object only when ``name`` looks like a class:
+capitalised (``CosineSimilarity``), dotted (``torchvision.models.resnet18``) or prefixed
+(``plugin:FastAPLoss``); other mappings stay plain dicts. At the fixed slots (``dataset``,
+``models.*``, ``loss_funcs.*``, ...) any resolvable name works, lower-case factories included.
 """
 
 from __future__ import annotations
