@@ -1,1 +1,130 @@
-"""Command line interface (``pml-rank``); filled in by the config/runner work."""
+"""Command line interface ``pml-rank`` (also ``python -m pml_rank_plugins.cli``).
+
+pml-rank train CONFIG [--out RUN_DIR] [--method NAME] [--set key=value ...] [--resume]
+pml-rank eval RUN_DIR [--which best|latest]
+pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--set key=value ...]
+pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+from .config import compare, registry, runner
+from .config.compare import slug
+from .config.registry import UnknownNameError
+from .config.schema import ConfigError, load_config
+
+# Raised while loading/validating configs only (never caught around training).
+CONFIG_ERRORS = (ConfigError, UnknownNameError, TypeError, ValueError, OSError, yaml.YAMLError)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pml-rank", description=__doc__.split("\n")[0])
+    p.add_argument("-v", "--verbose", action="store_true", help="log PML's INFO messages too")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add_common(sp):
+        sp.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config value (dotted path, YAML value); repeatable",
+        )
+        sp.add_argument("--device", default=None, help="torch device (default: config or cpu)")
+
+    t = sub.add_parser("train", help="train one config (every method in it, or --method)")
+    t.add_argument("config")
+    t.add_argument("--out", default=None, help="run folder (default runs/<config stem>)")
+    t.add_argument("--method", default=None, help="train only this method of the config")
+    t.add_argument("--resume", action="store_true", help="continue from checkpoints/latest.pt")
+    add_common(t)
+
+    e = sub.add_parser("eval", help="evaluate a run folder's best (or latest) checkpoint")
+    e.add_argument("run_dir")
+    e.add_argument("--which", default="best", choices=["best", "latest"])
+    e.add_argument("--device", default=None)
+
+    c = sub.add_parser("compare", help="methods x seeds -> table (Markdown, CSV) and plots")
+    c.add_argument("configs", nargs="+")
+    c.add_argument("--seeds", type=int, default=1, help="number of seeds per method")
+    c.add_argument("--out", default="runs/compare")
+    c.add_argument("--methods", default=None, help="comma-separated subset of method names")
+    c.add_argument("--resume", action="store_true", help="reuse finished runs, continue others")
+    add_common(c)
+
+    ls = sub.add_parser("list", help="list resolvable names")
+    ls.add_argument("substring", nargs="?", default="")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("PML").setLevel(logging.WARNING)
+    try:
+        return _run(args)
+    except _BadConfig as e:
+        print(f"pml-rank: config error: {e}", file=sys.stderr)
+        return 2
+
+
+class _BadConfig(Exception):
+    pass
+
+
+def _load(fn, *args, **kwargs):
+    """Load/validate configs, turning config mistakes into a clean message (exit code 2)."""
+    try:
+        return fn(*args, **kwargs)
+    except CONFIG_ERRORS as e:
+        raise _BadConfig(str(e)) from e
+
+
+def _run(args) -> int:
+    if args.command == "train":
+        configs = _load(load_config, args.config, args.overrides)
+        if args.method:
+            if args.method not in configs:
+                print(f"unknown method {args.method!r}; have {list(configs)}", file=sys.stderr)
+                return 2
+            configs = {args.method: configs[args.method]}
+        out = Path(args.out or Path("runs") / Path(args.config).stem)
+        for name, cfg in configs.items():
+            run_dir = out if len(configs) == 1 else out / slug(name)
+            metrics = runner.train(cfg, run_dir, resume=args.resume, device=args.device)
+            print(json.dumps({"run_dir": str(run_dir), "test": metrics.get("test")}, indent=2))
+    elif args.command == "eval":
+        print(json.dumps(runner.evaluate(args.run_dir, args.which, args.device), indent=2))
+    elif args.command == "compare":
+        methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
+        _load(compare.collect_methods, args.configs, args.overrides, methods)  # fail fast
+        summary = compare.run_comparison(
+            args.configs,
+            args.out,
+            seeds=args.seeds,
+            overrides=args.overrides,
+            methods=methods,
+            resume=args.resume,
+            device=args.device,
+        )
+        print(compare.markdown_table(summary))
+        print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
+    elif args.command == "list":
+        for name, target in sorted(registry.all_names().items()):
+            if args.substring.lower() in name.lower():
+                print(f"{name:40s} {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

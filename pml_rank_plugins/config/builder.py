@@ -1,0 +1,338 @@
+"""Build the PML objects of one experiment from a validated config.
+
+Everything is resolved through :mod:`pml_rank_plugins.config.registry`, so the builder does not
+care which dataset, model, loss or sampler class a config names. What the builder injects:
+
+* samplers get ``labels`` (the (N, 2) array for our samplers, the class column for PML's) and the
+  trainer's ``batch_size`` and the run ``seed`` when their signature has them and the config
+  does not set them;
+* optimizers ``<name>_optimizer`` get the parameters of ``models[<name>]`` or
+  ``loss_funcs[<name>]`` (skipped, with a log line, when that object has no parameters);
+* lr schedulers ``<name>_scheduler_by_{iteration,epoch,plateau}`` get ``optimizers[<name>_optimizer]``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import registry
+from .evaluation import DEFAULT_METRICS, make_accuracy_calculator, make_tester
+from .schema import ConfigError, is_object_spec, spec_name_and_kwargs
+from .splits import labeled_subset, query_gallery_split
+
+LOGGER = logging.getLogger(__name__)
+SCHEDULER_SUFFIXES = ("_scheduler_by_iteration", "_scheduler_by_epoch", "_scheduler_by_plateau")
+
+
+def instantiate(value: Any, where: str = "config", **injected) -> Any:
+    """Recursively turn object specs inside ``value`` into objects.
+
+    ``injected`` keywords are added to the outermost call when its signature accepts them and
+    the config does not already set them.
+    """
+    if is_object_spec(value):
+        return build_object(value, where, **injected)
+    if isinstance(value, dict):
+        return {k: instantiate(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [instantiate(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def build_object(spec: Any, where: str, **injected) -> Any:
+    """Instantiate one ``{Name: kwargs}`` spec (a bare ``"Name"`` means no kwargs)."""
+    name, kwargs = spec_name_and_kwargs(spec, where)
+    obj = registry.resolve(name)
+    kwargs = {k: instantiate(v, f"{where}.{name}.{k}") for k, v in kwargs.items()}
+    registry.check_keywords(obj, kwargs, where)
+    accepted = registry.accepted_keywords(obj)
+    for k, v in injected.items():
+        if k not in kwargs and (accepted is None or k in accepted):
+            if accepted is None and k not in _named_params(obj):
+                continue
+            kwargs[k] = v
+    try:
+        return obj(**kwargs)
+    except TypeError as e:
+        raise TypeError(f"{where}: {name}: {e}; signature: {registry.signature_text(obj)}") from e
+
+
+def _named_params(obj) -> set[str]:
+    try:
+        return {p.name for p in registry._init_params(obj)}
+    except (TypeError, ValueError):
+        return set()
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --------------------------------------------------------------------------- data
+
+
+def build_splits(config: dict, seed: int) -> dict[str, torch.utils.data.Dataset]:
+    """Dataset -> ``{split name: dataset}`` following ``split:``.
+
+    ``split: {<split function>: {...}, names: [train, val, test], query_gallery: {test: [query,
+    gallery], fraction: 0.5}}``. Without ``split`` the whole dataset is ``train``.
+    """
+    dataset = build_object(config["dataset"], "dataset")
+    if not hasattr(dataset, "labels"):
+        raise ConfigError("dataset: the dataset must expose .labels, the (N, 2) label array")
+    split = dict(config.get("split") or {})
+    names = list(split.pop("names", ["train", "test"]))
+    qg = dict(split.pop("query_gallery", None) or {})
+    if not split:
+        return {"train": dataset}
+    fn_name, fn_kwargs = spec_name_and_kwargs(split, "split")
+    fn = registry.resolve(fn_name)
+    parts = fn(np.asarray(dataset.labels), **instantiate(fn_kwargs, "split"))
+    if len(parts) != len(names):
+        raise ConfigError(f"split: {fn_name} returned {len(parts)} parts for names {names}")
+    out = {n: labeled_subset(dataset, idx) for n, idx in zip(names, parts, strict=True)}
+    fraction = float(qg.pop("fraction", 0.5))
+    qg_seed = int(qg.pop("seed", 0))
+    for source, (qname, gname) in qg.items():
+        if source not in out:
+            raise ConfigError(f"split.query_gallery: no split named {source!r} in {names}")
+        base = out.pop(source)
+        base_idx = np.asarray(base.indices)
+        q, g = query_gallery_split(base.labels, fraction, qg_seed)
+        out[qname] = labeled_subset(dataset, base_idx[q])
+        out[gname] = labeled_subset(dataset, base_idx[g])
+    return out
+
+
+def build_sampler(config: dict, train_set, batch_size: int, seed: int):
+    spec = config.get("sampler")
+    if not spec:
+        return None
+    name, _ = spec_name_and_kwargs(spec, "sampler")
+    cls = registry.resolve(name)
+    labels = np.asarray(train_set.labels)
+    if getattr(cls, "__module__", "").startswith("pytorch_metric_learning"):
+        labels = labels[:, 0]  # PML samplers take 1-D class labels
+    return build_object(spec, "sampler", labels=labels, batch_size=batch_size, seed=seed)
+
+
+# --------------------------------------------------------------------------- models & optim
+
+
+def build_models(config: dict, device: torch.device) -> dict[str, torch.nn.Module]:
+    models = {k: build_object(v, f"models.{k}") for k, v in config["models"].items()}
+    if "embedder" not in models:
+        models["embedder"] = torch.nn.Identity()
+    return {k: m.to(device) for k, m in models.items()}
+
+
+def build_losses_and_miners(config: dict, device: torch.device):
+    losses = {k: build_object(v, f"loss_funcs.{k}") for k, v in config["loss_funcs"].items()}
+    losses = {k: (v.to(device) if isinstance(v, torch.nn.Module) else v) for k, v in losses.items()}
+    miners = {
+        k: build_object(v, f"mining_funcs.{k}")
+        for k, v in (config.get("mining_funcs") or {}).items()
+        if v is not None
+    }
+    return losses, miners
+
+
+def build_optimizers(config: dict, models: dict, losses: dict) -> dict:
+    out = {}
+    for key, spec in (config.get("optimizers") or {}).items():
+        if spec is None:
+            continue
+        if not key.endswith("_optimizer"):
+            raise ConfigError(f"optimizers.{key}: keys must be <model or loss name>_optimizer")
+        owner = key[: -len("_optimizer")]
+        target = models.get(owner, losses.get(owner))
+        if target is None:
+            raise ConfigError(
+                f"optimizers.{key}: no model or loss named {owner!r} "
+                f"(models: {sorted(models)}, losses: {sorted(losses)})"
+            )
+        params = [p for p in target.parameters() if p.requires_grad]
+        if not params:
+            LOGGER.info("optimizers.%s: %s has no parameters; skipped", key, owner)
+            continue
+        name, kwargs = spec_name_and_kwargs(spec, f"optimizers.{key}")
+        cls = registry.resolve(name)
+        kwargs = instantiate(kwargs, f"optimizers.{key}.{name}")
+        registry.check_keywords(cls, {"params": None, **kwargs}, f"optimizers.{key}")
+        out[key] = cls(params, **kwargs)
+    return out
+
+
+def build_lr_schedulers(config: dict, optimizers: dict) -> dict:
+    out = {}
+    for key, spec in (config.get("lr_schedulers") or {}).items():
+        if spec is None:
+            continue
+        suffix = next((s for s in SCHEDULER_SUFFIXES if key.endswith(s)), None)
+        if suffix is None:
+            raise ConfigError(f"lr_schedulers.{key}: key must end with one of {SCHEDULER_SUFFIXES}")
+        opt_key = key[: -len(suffix)] + "_optimizer"
+        if opt_key not in optimizers:
+            LOGGER.info("lr_schedulers.%s: no optimizer %s; skipped", key, opt_key)
+            continue
+        name, kwargs = spec_name_and_kwargs(spec, f"lr_schedulers.{key}")
+        cls = registry.resolve(name)
+        kwargs = instantiate(kwargs, f"lr_schedulers.{key}.{name}")
+        out[key] = cls(optimizers[opt_key], **kwargs)
+    return out
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def eval_settings(config: dict) -> dict:
+    """The ``eval:`` section with defaults filled in.
+
+    ``validation``/``test`` are lists of split entries: a split name (query = reference = that
+    split) or ``{query: name, reference: [names]}`` (query/gallery retrieval).
+    """
+    ev = dict(config.get("eval") or {})
+    ev.setdefault("metrics", list(DEFAULT_METRICS))
+    ev.setdefault("recall_at_k", [1, 2, 4, 8])
+    ev.setdefault("k", "max_bin_count")
+    ev.setdefault("primary_metric", "mean_average_precision_at_r")
+    ev.setdefault("test_interval", 1)
+    ev.setdefault("patience", None)
+    ev.setdefault("validation", ["val"])
+    ev.setdefault("test", [])
+    return ev
+
+
+def splits_to_eval(entries: list, available: dict) -> list[tuple[str, list[str]]]:
+    """Config split entries -> PML's ``splits_to_eval`` list of (query, [references])."""
+    out = []
+    for e in entries or []:
+        if isinstance(e, str):
+            q, refs = e, [e]
+        elif isinstance(e, dict) and "query" in e:
+            q = e["query"]
+            refs = e.get("reference", [q])
+            refs = [refs] if isinstance(refs, str) else list(refs)
+        else:
+            raise ConfigError(f"eval: split entry {e!r}: a name or {{query: q, reference: [r]}}")
+        for s in [q, *refs]:
+            if s not in available:
+                raise ConfigError(f"eval: split {s!r} does not exist (have {sorted(available)})")
+        out.append((q, refs))
+    return out
+
+
+def build_tester(config: dict, device: torch.device, end_of_testing_hook=None):
+    """The configured PML tester; its calculator is ours (Recall@K, faiss or ``CustomKNN``)
+    unless the tester spec names an ``accuracy_calculator`` itself."""
+    ev = eval_settings(config)
+    tester_spec = ev.get("tester") or {"GlobalEmbeddingSpaceTester": {}}
+    name, kwargs = spec_name_and_kwargs(tester_spec, "eval.tester")
+    cls = registry.resolve(name)
+    kwargs = instantiate(kwargs, f"eval.tester.{name}")
+    registry.check_keywords(cls, kwargs, "eval.tester")
+    calc = kwargs.pop("accuracy_calculator", None) or make_accuracy_calculator(
+        metrics=ev["metrics"], recall_at_k=ev["recall_at_k"], k=ev["k"], device=device
+    )
+    primary = ev["primary_metric"]
+    if primary not in calc.get_curr_metrics():
+        raise ConfigError(
+            f"eval.primary_metric {primary!r} is not computed; metrics: {calc.get_curr_metrics()}"
+        )
+    kwargs.setdefault("data_device", device)
+    if end_of_testing_hook is not None:
+        kwargs.setdefault("end_of_testing_hook", end_of_testing_hook)
+    return make_tester(calc, tester_cls=cls, **kwargs)
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+@dataclass
+class Experiment:
+    """Everything one run needs; built fresh (and deterministically) for train, resume and eval."""
+
+    config: dict
+    seed: int
+    device: torch.device
+    datasets: dict
+    models: dict
+    loss_funcs: dict
+    mining_funcs: dict
+    optimizers: dict
+    lr_schedulers: dict
+    sampler: Any
+    trainer_cls: type
+    trainer_kwargs: dict
+    num_epochs: int
+    extra: dict = field(default_factory=dict)
+
+
+def build_experiment(config: dict, device: torch.device | str | None = None) -> Experiment:
+    """Seed, then build data, models, losses, miners, optimizers, schedulers and the sampler."""
+    device = torch.device(device or config.get("device") or "cpu")
+    seed = int(config.get("seed", 0))
+    seed_everything(seed)
+    datasets = build_splits(config, seed)
+    if "train" not in datasets:
+        raise ConfigError(f"split: one split must be named 'train' (have {sorted(datasets)})")
+    tname, tkwargs = spec_name_and_kwargs(config["trainer"], "trainer")
+    trainer_cls = registry.resolve(tname)
+    tkwargs = instantiate(dict(tkwargs), f"trainer.{tname}")
+    num_epochs = int(tkwargs.pop("num_epochs", 1))
+    if num_epochs < 1:
+        raise ConfigError(f"trainer: num_epochs must be >= 1, got {num_epochs}")
+    registry.check_keywords(trainer_cls, tkwargs, "trainer")
+    if "batch_size" not in tkwargs:
+        raise ConfigError("trainer: batch_size is required")
+    seed_everything(seed)  # model init must not depend on how much randomness the data used
+    models = build_models(config, device)
+    losses, miners = build_losses_and_miners(config, device)
+    optimizers = build_optimizers(config, models, losses)
+    schedulers = build_lr_schedulers(config, optimizers)
+    sampler = build_sampler(config, datasets["train"], int(tkwargs["batch_size"]), seed)
+    return Experiment(
+        config=config,
+        seed=seed,
+        device=device,
+        datasets=datasets,
+        models=models,
+        loss_funcs=losses,
+        mining_funcs=miners,
+        optimizers=optimizers,
+        lr_schedulers=schedulers,
+        sampler=sampler,
+        trainer_cls=trainer_cls,
+        trainer_kwargs=tkwargs,
+        num_epochs=num_epochs,
+    )
+
+
+def make_trainer(exp: Experiment, end_of_iteration_hook=None, end_of_epoch_hook=None):
+    """The configured PML trainer; single-process data loading by default (reproducible)."""
+    kwargs = dict(exp.trainer_kwargs)
+    kwargs.setdefault("dataloader_num_workers", 0)
+    kwargs.setdefault("data_device", exp.device)
+    if "label_hierarchy_level" in _named_params(exp.trainer_cls):
+        kwargs.setdefault("label_hierarchy_level", 0)
+    return exp.trainer_cls(
+        models=exp.models,
+        optimizers=exp.optimizers,
+        loss_funcs=exp.loss_funcs,
+        mining_funcs=exp.mining_funcs,
+        dataset=exp.datasets["train"],
+        sampler=exp.sampler,
+        lr_schedulers=exp.lr_schedulers,
+        end_of_iteration_hook=end_of_iteration_hook,
+        end_of_epoch_hook=end_of_epoch_hook,
+        **kwargs,
+    )

@@ -1,0 +1,301 @@
+"""Name -> class (or factory function) resolution for YAML configs.
+
+A config names every object by a string: ``{FastAPLoss: {num_bins: 10}}``. :func:`resolve` turns
+the string into a Python callable by searching, in this order:
+
+1. **Explicit forms** (never ambiguous):
+
+   * ``plugin:Name`` or ``pml_rank_plugins.Name`` -- this plugin's class ``Name`` (searched over
+     the exports of our subpackages, see below);
+   * ``pml:Name`` -- PML's class ``Name``;
+   * any fully qualified dotted path ``package.module.Name`` (e.g. ``torch.optim.Adam``,
+     ``pml_rank_plugins.losses.FastAPLoss``, ``my_project.nets.MyNet``).
+
+2. **Bare names**, first hit wins:
+
+   a. names added with :func:`register` (user classes);
+   b. PML 2.9 (losses, miners, samplers, distances, reducers, regularizers, trainers, testers,
+      ``AccuracyCalculator``, ``CustomKNN``/``FaissKNN``);
+   c. this plugin (losses, miners, samplers, trainers, data, models, config);
+   d. ``torch.optim``, ``torch.optim.lr_scheduler``, ``torch.nn``, ``torchvision.transforms``,
+      ``torchvision.models``.
+
+**Collision rule.** Where PML and the plugin both define a name (``FastAPLoss``,
+``RankedListLoss``), the bare name keeps **PML's** meaning, so an existing PML config behaves
+exactly as before; the plugin's class is reached as ``pml_rank_plugins.FastAPLoss`` or
+``plugin:FastAPLoss``. Names only the plugin defines (``QuantizedAPLoss``, ``GlyphDataset``,
+``CategoryHardSampler``, ...) resolve bare. :func:`register` refuses a name that already resolves
+to a different object unless ``override=True`` (so a user registration cannot silently change the
+meaning of a PML name).
+
+Our classes are discovered at *lookup time* by reading the public exports (``__all__``, else
+every public attribute defined inside ``pml_rank_plugins``) of each subpackage's ``__init__``,
+so a class added to e.g. ``pml_rank_plugins/losses/__init__.py`` is found with no change here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from types import ModuleType
+from typing import Any, Callable
+
+PLUGIN_PREFIXES = ("plugin:", "pml_rank_plugins.")
+PML_PREFIX = "pml:"
+
+PML_MODULES = (
+    "pytorch_metric_learning.losses",
+    "pytorch_metric_learning.miners",
+    "pytorch_metric_learning.samplers",
+    "pytorch_metric_learning.distances",
+    "pytorch_metric_learning.reducers",
+    "pytorch_metric_learning.regularizers",
+    "pytorch_metric_learning.trainers",
+    "pytorch_metric_learning.testers",
+    "pytorch_metric_learning.utils.accuracy_calculator",
+    "pytorch_metric_learning.utils.inference",
+)
+PLUGIN_SUBPACKAGES = (
+    "pml_rank_plugins.losses",
+    "pml_rank_plugins.miners",
+    "pml_rank_plugins.samplers",
+    "pml_rank_plugins.trainers",
+    "pml_rank_plugins.data",
+    "pml_rank_plugins.data.splits",
+    "pml_rank_plugins.models",
+    "pml_rank_plugins.config.splits",
+    "pml_rank_plugins.config.evaluation",
+)
+TORCH_MODULES = (
+    "torch.optim",
+    "torch.optim.lr_scheduler",
+    "torch.nn",
+    "torchvision.transforms",
+    "torchvision.models",
+)
+
+_USER: dict[str, Callable] = {}
+
+
+class UnknownNameError(KeyError):
+    """A config names a class that no namespace defines."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+def _import(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _public_callables(module: ModuleType, own_prefix: str | None = None) -> dict[str, Callable]:
+    """Public classes/functions exported by ``module``.
+
+    With ``__all__`` those names; otherwise every public callable attribute, restricted to objects
+    defined under ``own_prefix`` when given (so we do not re-export e.g. ``torch`` from our
+    packages). Private names and submodules are skipped.
+    """
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [n for n in dir(module) if not n.startswith("_")]
+    out = {}
+    for n in names:
+        obj = getattr(module, n, None)
+        if obj is None or isinstance(obj, ModuleType) or not callable(obj):
+            continue
+        if own_prefix and not getattr(obj, "__module__", "").startswith(own_prefix):
+            continue
+        out[n] = obj
+    return out
+
+
+def _namespace(modules: tuple[str, ...], own_prefix: str | None = None) -> dict[str, Callable]:
+    table: dict[str, Callable] = {}
+    for m in modules:
+        mod = _import(m)
+        if mod is None:
+            continue
+        for n, obj in _public_callables(mod, own_prefix).items():
+            table.setdefault(n, obj)
+    return table
+
+
+def pml_names() -> dict[str, Callable]:
+    return _namespace(PML_MODULES, "pytorch_metric_learning")
+
+
+def plugin_names() -> dict[str, Callable]:
+    """Our exported classes, scanned now (so newly merged classes appear automatically)."""
+    return _namespace(PLUGIN_SUBPACKAGES, "pml_rank_plugins")
+
+
+def torch_names() -> dict[str, Callable]:
+    return _namespace(TORCH_MODULES)
+
+
+def all_names() -> dict[str, str]:
+    """Every resolvable bare name -> the dotted path it resolves to (for listings and errors)."""
+    out: dict[str, str] = {}
+    for table in (_USER, pml_names(), plugin_names(), torch_names()):
+        for n, obj in table.items():
+            out.setdefault(n, f"{getattr(obj, '__module__', '?')}.{n}")
+    return out
+
+
+def register(name: str, obj: Callable, override: bool = False) -> Callable:
+    """Make ``obj`` (a class or factory) resolvable as ``name`` in configs; returns ``obj``.
+
+    Raises ``ValueError`` when ``name`` already resolves to a different object and ``override``
+    is false. Usable as ``register("MyNet", MyNet)``.
+    """
+    if not callable(obj):
+        raise TypeError(f"register({name!r}, ...): expected a class or callable, got {obj!r}")
+    if not override:
+        try:
+            existing = resolve(name)
+        except UnknownNameError:
+            existing = None
+        if existing is not None and existing is not obj:
+            raise ValueError(
+                f"{name!r} already resolves to {existing.__module__}.{existing.__qualname__}; "
+                "pass override=True to shadow it"
+            )
+    _USER[name] = obj
+    return obj
+
+
+def unregister(name: str) -> None:
+    _USER.pop(name, None)
+
+
+def _unknown(name: str, candidates: list[str], where: str) -> UnknownNameError:
+    close = difflib.get_close_matches(name.split(".")[-1].split(":")[-1], candidates, n=5)
+    hint = f"; closest matches: {', '.join(close)}" if close else ""
+    return UnknownNameError(f"unknown name {name!r} ({where}){hint}")
+
+
+def resolve(name: str) -> Callable:
+    """Return the class/function ``name`` refers to (see the module docstring for the rule).
+
+    Raises :class:`UnknownNameError` with the closest known names when nothing matches.
+    """
+    if not isinstance(name, str) or not name:
+        raise UnknownNameError(f"expected a class name (string), got {name!r}")
+    for prefix in PLUGIN_PREFIXES:
+        if name.startswith(prefix):
+            short = name[len(prefix) :]
+            table = plugin_names()
+            if short in table:
+                return table[short]
+            if prefix == "pml_rank_plugins." and "." in short:
+                break  # a real dotted path inside our package: handled below
+            raise _unknown(name, sorted(table), "not exported by pml_rank_plugins")
+    if name.startswith(PML_PREFIX):
+        short = name[len(PML_PREFIX) :]
+        table = pml_names()
+        if short in table:
+            return table[short]
+        raise _unknown(name, sorted(table), "not in pytorch_metric_learning")
+    if ":" not in name and "." in name:
+        module_name, _, attr = name.rpartition(".")
+        mod = _import(module_name)
+        if mod is not None and hasattr(mod, attr):
+            return getattr(mod, attr)
+        if mod is None:
+            raise UnknownNameError(f"unknown name {name!r}: cannot import module {module_name!r}")
+        raise _unknown(name, sorted(_public_callables(mod)), f"not in module {module_name}")
+    if name in _USER:
+        return _USER[name]
+    for table in (pml_names(), plugin_names(), torch_names()):
+        if name in table:
+            return table[name]
+    raise _unknown(name, sorted(all_names()), "not registered, not in PML, plugin or torch")
+
+
+def qualified_name(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def signature_text(obj: Callable) -> str:
+    """``Name(arg=default, ...)`` including keywords accepted by base classes via ``**kwargs``."""
+    params = []
+    for p in _init_params(obj):
+        params.append(str(p))
+    return f"{getattr(obj, '__name__', obj)}({', '.join(params)})"
+
+
+def _own_init_signature(cls: type) -> inspect.Signature | None:
+    init = cls.__dict__.get("__init__")
+    if init is None:
+        return None
+    try:
+        return inspect.signature(init)
+    except (TypeError, ValueError):
+        return None
+
+
+def _init_params(obj: Callable) -> list[inspect.Parameter]:
+    """Keyword parameters of ``obj``; for classes, follow ``**kwargs`` up the MRO.
+
+    PML losses pass unknown keywords on to ``BaseMetricLossFunction`` (``distance``, ``reducer``,
+    ...), so a class's own signature alone would hide them.
+    """
+    if not inspect.isclass(obj):
+        try:
+            return [
+                p for p in inspect.signature(obj).parameters.values() if p.kind != p.VAR_POSITIONAL
+            ]
+        except (TypeError, ValueError):
+            return []
+    seen: dict[str, inspect.Parameter] = {}
+    var_kw = None
+    for cls in obj.__mro__:
+        if cls is object:
+            break
+        sig = _own_init_signature(cls)
+        if sig is None:
+            continue
+        has_var_kw = False
+        for p in list(sig.parameters.values())[1:]:  # drop self
+            if p.kind == p.VAR_KEYWORD:
+                has_var_kw = True
+                var_kw = p
+            elif p.kind != p.VAR_POSITIONAL and p.name not in seen:
+                seen[p.name] = p
+        if not has_var_kw:
+            var_kw = None
+            break
+    params = list(seen.values())
+    if var_kw is not None:
+        params.append(var_kw)
+    return params
+
+
+def accepted_keywords(obj: Callable) -> set[str] | None:
+    """Keyword names ``obj`` accepts, or ``None`` when it takes arbitrary ``**kwargs``."""
+    params = _init_params(obj)
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+def check_keywords(obj: Callable, kwargs: dict, where: str = "") -> None:
+    """Raise ``TypeError`` naming the bad keyword(s), close matches and ``obj``'s signature."""
+    accepted = accepted_keywords(obj)
+    if accepted is None:
+        return
+    bad = [k for k in kwargs if k not in accepted]
+    if bad:
+        hints = []
+        for k in bad:
+            close = difflib.get_close_matches(k, sorted(accepted), n=3)
+            hints.append(f"{k!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        loc = f" at {where}" if where else ""
+        raise TypeError(
+            f"{getattr(obj, '__name__', obj)}{loc}: unexpected keyword(s) {', '.join(hints)}; "
+            f"signature: {signature_text(obj)}"
+        )

@@ -1,0 +1,263 @@
+"""Experiment configs: YAML loading, merging, ``--set`` overrides, method expansion, validation.
+
+A config is one YAML mapping in powerful-benchmarker's shape (see ``configs/default.yaml`` and
+the README). Objects are written ``{ClassName: {kwargs}}`` (an *object spec*); kwargs may hold
+further object specs (distances, reducers, transforms). A ``methods:`` mapping turns one file
+into several experiments: each method is a partial config deep-merged over the rest of the file.
+
+A nested ``{name: {...}}`` mapping is read as an object only when ``name`` looks like a class:
+capitalised (``CosineSimilarity``), dotted (``torchvision.models.resnet18``) or prefixed
+(``plugin:FastAPLoss``); other mappings stay plain dicts. At the fixed slots (``dataset``,
+``models.*``, ``loss_funcs.*``, ...) any resolvable name works, lower-case factories included.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from . import registry
+
+TOP_LEVEL_KEYS = {
+    "name",
+    "seed",
+    "dataset",
+    "split",
+    "models",
+    "loss_funcs",
+    "mining_funcs",
+    "sampler",
+    "optimizers",
+    "lr_schedulers",
+    "trainer",
+    "eval",
+    "methods",
+    "device",
+}
+EVAL_KEYS = {
+    "tester",
+    "metrics",
+    "recall_at_k",
+    "k",
+    "validation",
+    "test",
+    "primary_metric",
+    "test_interval",
+    "patience",
+}
+_CLASSLIKE = re.compile(r"^(plugin:|pml:)?[A-Za-z_][\w.]*$")
+
+
+class ConfigError(ValueError):
+    """A config is malformed; the message names the offending key path."""
+
+
+def is_object_spec(value: Any) -> bool:
+    """True for ``{Name: kwargs-or-None}`` where ``Name`` looks like a class (capitalised, dotted
+    or prefixed). Lower-case single-key mappings (``{metric_loss: ...}``) are plain dicts."""
+    if not isinstance(value, dict) or len(value) != 1:
+        return False
+    name, kwargs = next(iter(value.items()))
+    if not isinstance(name, str) or not _CLASSLIKE.match(name):
+        return False
+    if not (kwargs is None or isinstance(kwargs, dict)):
+        return False
+    return name[0].isupper() or ":" in name or "." in name
+
+
+def spec_name_and_kwargs(spec: Any, where: str) -> tuple[str, dict]:
+    """Split an object spec at a slot that must hold one (a bare string means no kwargs)."""
+    if isinstance(spec, str):
+        return spec, {}
+    if not isinstance(spec, dict) or len(spec) != 1:
+        raise ConfigError(f"{where}: expected {{ClassName: {{kwargs}}}}, got {spec!r}")
+    name, kwargs = next(iter(spec.items()))
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"{where}.{name}: kwargs must be a mapping, got {kwargs!r}")
+    return name, kwargs
+
+
+def deep_merge(base: Any, override: Any) -> Any:
+    """Merge ``override`` into a copy of ``base``.
+
+    Mappings merge key by key; ``None`` in ``override`` deletes the key; an object spec naming a
+    *different* class replaces the base spec instead of merging two class names into one mapping.
+    """
+    if not (isinstance(base, dict) and isinstance(override, dict)):
+        return copy.deepcopy(override)
+    if is_object_spec(override) and is_object_spec(base) and set(base) != set(override):
+        return copy.deepcopy(override)
+    out = copy.deepcopy(base)
+    for k, v in override.items():
+        if v is None:
+            out.pop(k, None)
+        elif k in out:
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def parse_set(assignments: Iterable[str]) -> list[tuple[list[str], Any]]:
+    """``["a.b=1", "c=[1, 2]"]`` -> ``[(["a", "b"], 1), (["c"], [1, 2])]`` (values are YAML)."""
+    out = []
+    for a in assignments or ():
+        if "=" not in a:
+            raise ConfigError(f"--set {a!r}: expected key.path=value")
+        key, _, raw = a.partition("=")
+        path = [p for p in key.strip().split(".") if p]
+        if not path:
+            raise ConfigError(f"--set {a!r}: empty key")
+        out.append((path, yaml.safe_load(raw)))
+    return out
+
+
+def apply_set(config: dict, path: list[str], value: Any) -> dict:
+    """Set ``config[path] = value`` in place and return ``config``.
+
+    A path segment missing at an object spec descends into the spec's kwargs, so
+    ``trainer.num_epochs=2`` reaches ``trainer: {MetricLossOnly: {num_epochs: ...}}`` without
+    naming the class. Missing intermediate mappings are created.
+    """
+    node = config
+    for i, key in enumerate(path[:-1]):
+        if isinstance(node, dict) and key not in node and is_object_spec(node):
+            node = next(iter(node.values()))
+            if node is None:
+                raise ConfigError(f"--set {'.'.join(path)}: spec has no kwargs mapping")
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {'.'.join(path)}: {'.'.join(path[:i])} is not a mapping")
+        if node.get(key) is None:
+            node[key] = {}
+        node = node[key]
+    last = path[-1]
+    if isinstance(node, dict) and last not in node and is_object_spec(node):
+        inner = next(iter(node.values()))
+        if inner is None:
+            inner = node[next(iter(node))] = {}
+        node = inner
+    if not isinstance(node, dict):
+        raise ConfigError(f"--set {'.'.join(path)}: parent is not a mapping")
+    node[last] = value
+    return config
+
+
+def load_yaml(path: str | Path) -> dict:
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return data
+
+
+def dump_yaml(config: dict, path: str | Path | None = None) -> str:
+    text = yaml.safe_dump(config, sort_keys=False, default_flow_style=None)
+    if path is not None:
+        Path(path).write_text(text)
+    return text
+
+
+def expand_methods(config: dict, default_name: str = "run") -> dict[str, dict]:
+    """``{method name: full config}``; a config without ``methods`` is one method."""
+    methods = config.get("methods")
+    base = {k: v for k, v in config.items() if k != "methods"}
+    if not methods:
+        return {base.get("name", default_name): base}
+    if not isinstance(methods, dict):
+        raise ConfigError("methods: expected a mapping {method name: partial config}")
+    out = {}
+    for name, partial in methods.items():
+        cfg = deep_merge(base, partial or {})
+        cfg["name"] = str(name)
+        out[str(name)] = cfg
+    return out
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict[str, dict]:
+    """Load a config file, expand its methods and apply ``--set`` overrides to each one."""
+    raw = load_yaml(path)
+    expanded = expand_methods(raw, default_name=Path(path).stem)
+    sets = parse_set(overrides)
+    for cfg in expanded.values():
+        for p, v in sets:
+            apply_set(cfg, p, copy.deepcopy(v))
+        validate(cfg)
+    return expanded
+
+
+def _walk_specs(value: Any, where: str):
+    """Yield (where, name, kwargs) for every object spec nested in ``value``."""
+    if is_object_spec(value):
+        name, kwargs = next(iter(value.items()))
+        yield where, name, kwargs or {}
+        for k, v in (kwargs or {}).items():
+            yield from _walk_specs(v, f"{where}.{name}.{k}")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk_specs(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _walk_specs(v, f"{where}[{i}]")
+
+
+def validate(config: dict) -> dict:
+    """Check structure, that every class name resolves and that every keyword is accepted.
+
+    Raises :class:`ConfigError` (structure), :class:`registry.UnknownNameError` (unknown name,
+    with the closest matches) or ``TypeError`` (bad keyword, with the class's signature).
+    Keywords the runner injects (``labels``, ``batch_size``, model parameters) are not required.
+    """
+    unknown = set(config) - TOP_LEVEL_KEYS
+    if unknown:
+        raise ConfigError(
+            f"unknown top-level key(s) {sorted(unknown)}; allowed: {sorted(TOP_LEVEL_KEYS)}"
+        )
+    for key in ("dataset", "models", "loss_funcs", "trainer"):
+        if key not in config:
+            raise ConfigError(f"missing required section {key!r}")
+    if "trunk" not in (config.get("models") or {}):
+        raise ConfigError("models: needs at least 'trunk'")
+    if "metric_loss" not in (config.get("loss_funcs") or {}):
+        raise ConfigError("loss_funcs: needs 'metric_loss'")
+    ev = config.get("eval") or {}
+    bad = set(ev) - EVAL_KEYS
+    if bad:
+        raise ConfigError(f"eval: unknown key(s) {sorted(bad)}; allowed: {sorted(EVAL_KEYS)}")
+    slots = {
+        "dataset": config["dataset"],
+        "trainer": config["trainer"],
+        **{f"models.{k}": v for k, v in config["models"].items()},
+        **{f"loss_funcs.{k}": v for k, v in config["loss_funcs"].items()},
+        **{f"mining_funcs.{k}": v for k, v in (config.get("mining_funcs") or {}).items()},
+        **{f"optimizers.{k}": v for k, v in (config.get("optimizers") or {}).items()},
+        **{f"lr_schedulers.{k}": v for k, v in (config.get("lr_schedulers") or {}).items()},
+    }
+    if config.get("sampler"):
+        slots["sampler"] = config["sampler"]
+    split_fn = {k: v for k, v in (config.get("split") or {}).items() if k not in SPLIT_KEYS}
+    if split_fn:
+        slots["split"] = split_fn
+    if ev.get("tester"):
+        slots["eval.tester"] = ev["tester"]
+    for where, spec in slots.items():
+        if spec is None:
+            continue
+        name, kwargs = spec_name_and_kwargs(spec, where)
+        obj = registry.resolve(name)
+        own = {k: v for k, v in kwargs.items() if k not in RUNNER_KWARGS.get(where, ())}
+        registry.check_keywords(obj, own, where)
+        for w, n, kw in _walk_specs(kwargs, f"{where}.{name}"):
+            registry.check_keywords(registry.resolve(n), kw, w)
+    return config
+
+
+# Keywords the runner consumes itself (not passed to the class).
+RUNNER_KWARGS = {"trainer": ("num_epochs",)}
+# Keys of ``split:`` other than the split function spec.
+SPLIT_KEYS = ("names", "query_gallery")

@@ -1,0 +1,132 @@
+"""Registry: resolution order, the PML/plugin collision rule, dotted paths, errors."""
+
+from __future__ import annotations
+
+import pytest
+import pytorch_metric_learning.losses as pml_losses
+import torch
+
+import pml_rank_plugins.losses
+from pml_rank_plugins.config import registry
+from pml_rank_plugins.config.registry import UnknownNameError
+
+
+class _FakeFastAP(torch.nn.Module):
+    """Stands in for our FastAPLoss (same name as PML's) until the losses branch is merged."""
+
+    def __init__(self, num_bins=10):
+        super().__init__()
+
+
+class _FakeOnlyOurs(torch.nn.Module):
+    def __init__(self, num_bins=20):
+        super().__init__()
+
+
+@pytest.fixture
+def fake_plugin_losses(monkeypatch):
+    """Export two classes from ``pml_rank_plugins.losses`` at test time (lookup-time discovery)."""
+    for cls in (_FakeFastAP, _FakeOnlyOurs):
+        monkeypatch.setattr(cls, "__module__", "pml_rank_plugins.losses.fake")
+    monkeypatch.setattr(pml_rank_plugins.losses, "FastAPLoss", _FakeFastAP, raising=False)
+    monkeypatch.setattr(pml_rank_plugins.losses, "OnlyOursLoss", _FakeOnlyOurs, raising=False)
+    monkeypatch.setattr(
+        pml_rank_plugins.losses, "__all__", ["FastAPLoss", "OnlyOursLoss"], raising=False
+    )
+
+
+def test_bare_pml_names_resolve_to_pml():
+    assert registry.resolve("ContrastiveLoss") is pml_losses.ContrastiveLoss
+    assert registry.resolve("FastAPLoss") is pml_losses.FastAPLoss
+    from pytorch_metric_learning import miners, samplers, testers, trainers
+
+    assert registry.resolve("TripletMarginMiner") is miners.TripletMarginMiner
+    assert registry.resolve("MPerClassSampler") is samplers.MPerClassSampler
+    assert registry.resolve("MetricLossOnly") is trainers.MetricLossOnly
+    assert registry.resolve("GlobalEmbeddingSpaceTester") is testers.GlobalEmbeddingSpaceTester
+
+
+def test_torch_and_torchvision_names():
+    import torchvision
+
+    assert registry.resolve("Adam") is torch.optim.Adam
+    assert registry.resolve("StepLR") is torch.optim.lr_scheduler.StepLR
+    assert registry.resolve("Identity") is torch.nn.Identity
+    assert registry.resolve("Compose") is torchvision.transforms.Compose
+    assert registry.resolve("resnet18") is torchvision.models.resnet18
+
+
+def test_collision_bare_is_pml_prefixed_is_plugin(fake_plugin_losses):
+    assert registry.resolve("FastAPLoss") is pml_losses.FastAPLoss
+    assert registry.resolve("pml_rank_plugins.FastAPLoss") is _FakeFastAP
+    assert registry.resolve("plugin:FastAPLoss") is _FakeFastAP
+    assert registry.resolve("pml:FastAPLoss") is pml_losses.FastAPLoss
+    # A name only the plugin has resolves bare -- discovered at lookup time.
+    assert registry.resolve("OnlyOursLoss") is _FakeOnlyOurs
+
+
+def test_real_collisions_follow_the_rule():
+    """Whatever the plugin exports now: shared names stay PML's bare, ours via the prefix."""
+    pml, ours = registry.pml_names(), registry.plugin_names()
+    for name in set(pml) & set(ours):
+        assert registry.resolve(name) is pml[name]
+        assert registry.resolve(f"plugin:{name}") is ours[name]
+    for name in set(ours) - set(pml):
+        assert registry.resolve(name) is ours[name]
+    assert "query_gallery_split" in ours  # our own config helpers are discovered too
+
+
+def test_dotted_paths():
+    assert registry.resolve("torch.optim.SGD") is torch.optim.SGD
+    assert registry.resolve("pytorch_metric_learning.losses.TripletMarginLoss") is (
+        pml_losses.TripletMarginLoss
+    )
+    from pml_rank_plugins.config.splits import query_gallery_split
+
+    assert registry.resolve("pml_rank_plugins.config.splits.query_gallery_split") is (
+        query_gallery_split
+    )
+
+
+def test_unknown_name_lists_closest_matches():
+    with pytest.raises(UnknownNameError, match="ContrastiveLoss"):
+        registry.resolve("ContrastivLoss")
+    with pytest.raises(UnknownNameError, match="TripletMarginLoss"):
+        registry.resolve("pml:TripletMarginLos")
+    with pytest.raises(UnknownNameError, match="cannot import module"):
+        registry.resolve("no_such_pkg.Thing")
+    with pytest.raises(UnknownNameError, match="not exported by pml_rank_plugins"):
+        registry.resolve("plugin:DefinitelyNotAClass")
+
+
+def test_bad_keyword_shows_signature():
+    loss = pml_losses.ContrastiveLoss
+    with pytest.raises(TypeError) as info:
+        registry.check_keywords(loss, {"pos_margn": 0.0}, "loss_funcs.metric_loss")
+    msg = str(info.value)
+    assert "pos_margn" in msg and "did you mean pos_margin" in msg
+    assert "signature: ContrastiveLoss(" in msg and "neg_margin" in msg
+    # Keywords accepted by a base class through **kwargs are fine, and listed.
+    registry.check_keywords(loss, {"distance": None, "reducer": None, "collect_stats": True})
+    assert "reducer" in registry.signature_text(loss)
+
+
+def test_register_user_class_and_collisions():
+    class MyNet(torch.nn.Module):
+        pass
+
+    try:
+        registry.register("MyNet", MyNet)
+        assert registry.resolve("MyNet") is MyNet
+        registry.register("MyNet", MyNet)  # same object again: fine
+        with pytest.raises(ValueError, match="already resolves"):
+            registry.register("ContrastiveLoss", MyNet)
+        registry.register("ContrastiveLoss", MyNet, override=True)
+        assert registry.resolve("ContrastiveLoss") is MyNet
+        assert registry.resolve("pml:ContrastiveLoss") is pml_losses.ContrastiveLoss
+    finally:
+        registry.unregister("MyNet")
+        registry.unregister("ContrastiveLoss")
+    assert registry.resolve("ContrastiveLoss") is pml_losses.ContrastiveLoss
+    with pytest.raises(TypeError):
+        registry.register("x", 3)
