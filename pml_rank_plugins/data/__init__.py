@@ -1,9 +1,13 @@
 """Datasets (two-level labels ``[class, category]``), class-disjoint splits, image plumbing."""
 
 from . import splits
+from .cars196 import Cars196
+from .cub import CUB200
 from .glyphs import GlyphDataset
 from .images import DatasetFormatError, ImageListDataset
+from .inshop import InShopClothes
 from .labels import CATEGORY, CLASS, UNLABELED, as_two_level
+from .matfile import MatFileError, load_mat
 from .omniglot import OmniglotDataset
 from .splits import (
     LabeledSubset,
@@ -12,9 +16,18 @@ from .splits import (
     first_half_split,
     mlrc_folds,
 )
+from .stanford_products import StanfordOnlineProducts
+from .vehicle_id import VehicleID
 
 __all__ = [
     "CATEGORY",
+    "CUB200",
+    "Cars196",
+    "InShopClothes",
+    "MatFileError",
+    "StanfordOnlineProducts",
+    "VehicleID",
+    "load_mat",
     "CLASS",
     "UNLABELED",
     "DatasetFormatError",

@@ -69,7 +69,7 @@ def parse_int(path: Path, line_no: int, text: str, what: str) -> int:
 
 def to_float_tensor(image: Image.Image) -> torch.Tensor:
     """PIL image -> float32 tensor ``(C, H, W)`` in [0, 1] (same as torchvision's ``to_tensor``)."""
-    array = np.asarray(image, dtype=np.uint8)
+    array = np.array(image, dtype=np.uint8)  # a copy: PIL's buffer is read-only
     if array.ndim == 2:
         array = array[None]
     else:
