@@ -14,7 +14,7 @@ from .splits import (
     class_disjoint_kfold,
     class_disjoint_split,
     first_half_split,
-    mlrc_folds,
+    mlrc_protocol,
 )
 from .stanford_products import StanfordOnlineProducts
 from .vehicle_id import VehicleID
@@ -39,6 +39,6 @@ __all__ = [
     "class_disjoint_kfold",
     "class_disjoint_split",
     "first_half_split",
-    "mlrc_folds",
+    "mlrc_protocol",
     "splits",
 ]

@@ -105,7 +105,7 @@ def class_disjoint_kfold(
     ]
 
 
-def mlrc_folds(labels, num_folds: int = 4, seed: int | None = None):
+def mlrc_protocol(labels, num_folds: int = 4, seed: int | None = None):
     """The full MLRC protocol: ``(folds, test_idx)`` where ``folds`` is the list of
     ``(train_idx, val_idx)`` of :func:`class_disjoint_kfold` over the first half of the classes,
     already mapped to indices into ``labels``, and ``test_idx`` is the second half.

@@ -1,7 +1,7 @@
 """Embedding models: a compact convnet for small grayscale images and ResNet-18/50 trunks."""
 
-from .convnet import ConvEmbedder
+from .conv_embedder import ConvEmbedder
 from .embedder import EmbeddingHead
-from .resnet import ResNetEmbedder
+from .resnet_embedder import ResNetEmbedder
 
 __all__ = ["ConvEmbedder", "ResNetEmbedder", "EmbeddingHead"]

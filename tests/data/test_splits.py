@@ -9,7 +9,7 @@ from pml_rank_plugins.data import (
     class_disjoint_kfold,
     class_disjoint_split,
     first_half_split,
-    mlrc_folds,
+    mlrc_protocol,
 )
 
 
@@ -98,7 +98,7 @@ def test_first_half_and_mlrc_protocol():
     trainval, test = first_half_split(labels)
     assert classes_at(labels, trainval) == set(sorted_classes[:10].tolist())
     assert classes_at(labels, test) == set(sorted_classes[10:].tolist())
-    folds, test2 = mlrc_folds(labels, num_folds=4)
+    folds, test2 = mlrc_protocol(labels, num_folds=4)
     assert np.array_equal(test, test2)
     validated = []
     for train, val in folds:

@@ -60,3 +60,10 @@ def test_on_test_device(device):
     with torch.no_grad():
         out = model(torch.rand(2, 3, 32, 32, device=device))
     assert out.device.type == device.type and out.shape == (2, 8)
+
+
+def test_in_channels_stem():
+    model = ResNetEmbedder(depth=18, embedding_dim=4, in_channels=1).eval()
+    assert model.trunk.net.conv1.in_channels == 1
+    with torch.no_grad():
+        assert model(torch.rand(2, 1, 32, 32)).shape == (2, 4)

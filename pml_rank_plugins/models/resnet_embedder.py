@@ -15,16 +15,19 @@ _RESNETS = {18: torchvision.models.resnet18, 50: torchvision.models.resnet50}
 
 class _ResNetTrunk(nn.Module):
     """ResNet without its classifier: ``(B, C, H, W) -> (B, 512 or 2048)`` pooled features.
-    Grayscale (C = 1) input is repeated to 3 channels."""
+    With the standard 3-channel stem, grayscale (C = 1) input is repeated to 3 channels."""
 
-    def __init__(self, depth: int):
+    def __init__(self, depth: int, in_channels: int = 3):
         super().__init__()
         self.net = _RESNETS[depth](weights=None)
+        self.in_channels = in_channels
+        if in_channels != 3:
+            self.net.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
         self.output_size = self.net.fc.in_features
         self.net.fc = nn.Identity()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        if images.shape[1] == 1:
+        if images.shape[1] == 1 and self.in_channels == 3:
             images = images.expand(-1, 3, -1, -1)
         return self.net(images)
 
@@ -36,7 +39,8 @@ class ResNetEmbedder(TrunkEmbedder):
     torchvision ResNet of the same depth (``torch.save(model.state_dict(), path)``; a
     ``"state_dict"`` wrapper and a ``"module."`` prefix are accepted, the ``fc.*`` classifier keys
     are ignored). Loading is strict otherwise, so a wrong file fails loudly. Nothing is ever
-    downloaded. Output ``(B, embedding_dim)``, L2-normalized if ``normalize``.
+    downloaded. ``in_channels != 3`` replaces the stem convolution (then weights files must
+    match that stem too). Output ``(B, embedding_dim)``, L2-normalized if ``normalize``.
     """
 
     def __init__(
@@ -45,11 +49,12 @@ class ResNetEmbedder(TrunkEmbedder):
         embedding_dim: int = 512,
         weights_path: str | Path | None = None,
         normalize: bool = False,
+        in_channels: int = 3,
     ):
         super().__init__()
         if depth not in _RESNETS:
             raise ValueError(f"depth must be one of {sorted(_RESNETS)}, got {depth}")
-        self.trunk = _ResNetTrunk(depth)
+        self.trunk = _ResNetTrunk(depth, in_channels)
         if weights_path is not None:
             self.load_trunk_weights(weights_path)
         self.embedder = EmbeddingHead(self.trunk.output_size, embedding_dim, normalize)
