@@ -284,6 +284,7 @@ class GlyphDataset(Dataset):
         try:
             with os.fdopen(handle, "wb") as out:
                 np.savez_compressed(out, **data)
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache may be shared
             os.replace(tmp, self.cache_path)
         finally:
             if os.path.exists(tmp):
@@ -297,7 +298,7 @@ class GlyphDataset(Dataset):
         if self.transform is None:
             image = torch.from_numpy(self.images[index]).float().div_(255.0)[None]
         else:
-            image = self.transform(Image.fromarray(self.images[index], mode="L"))
+            image = self.transform(Image.fromarray(self.images[index]))
         return image, label_tensor(self.labels, index)
 
 

@@ -110,5 +110,5 @@ class OmniglotDataset(Dataset):
         if self.transform is None:
             image = torch.from_numpy(self.images[index]).float().div_(255.0)[None]
         else:
-            image = self.transform(Image.fromarray(self.images[index], mode="L"))
+            image = self.transform(Image.fromarray(self.images[index]))
         return image, label_tensor(self.labels, index)

@@ -16,7 +16,8 @@ from .fixtures import write_image, write_lines
 def test_to_float_tensor_matches_torchvision(mode):
     rng = np.random.default_rng(0)
     shape = (5, 7) if mode == "L" else (5, 7, 3)
-    image = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode=mode)
+    image = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8))
+    assert image.mode == mode
     assert torch.equal(to_float_tensor(image), to_tensor(image))
 
 

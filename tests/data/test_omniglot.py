@@ -36,7 +36,7 @@ def test_images_background_small1():
 
 def _png(pixels: np.ndarray) -> bytes:
     buffer = io.BytesIO()
-    Image.fromarray(pixels.astype(np.uint8), mode="L").save(buffer, format="PNG")
+    Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="PNG")
     return buffer.getvalue()
 
 
