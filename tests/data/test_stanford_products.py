@@ -28,6 +28,7 @@ def test_train_and_test(tmp_path):
     root = make_tree(tmp_path)
     train = StanfordOnlineProducts(root, "train")
     assert train.labels.tolist() == [[0, 0], [0, 0], [1, 2]]
+    assert train.category_names == ["bicycle_final", None, "chair_final"]
     image, label = train[2]
     assert image.dtype == torch.float32 and image.shape == (3, 4, 6)
     assert pixel_value(image) == 30 and label.tolist() == [1, 2]
