@@ -1,16 +1,44 @@
-"""Datasets with two-level labels (see :mod:`pml_rank_plugins.data.labels`) and splits."""
+"""Datasets (two-level labels ``[class, category]``), class-disjoint splits, image plumbing."""
 
+from . import splits
+from .cars196 import Cars196
+from .cub import CUB200
 from .glyphs import GlyphDataset
-from .labels import as_two_level
+from .images import DatasetFormatError, ImageListDataset
+from .inshop import InShopClothes
+from .labels import CATEGORY, CLASS, UNLABELED, as_two_level
+from .matfile import MatFileError, load_mat
 from .omniglot import OmniglotDataset
-from .splits import LabeledSubset, class_disjoint_kfold, class_disjoint_split, mlrc_protocol
+from .splits import (
+    LabeledSubset,
+    class_disjoint_kfold,
+    class_disjoint_split,
+    first_half_split,
+    mlrc_protocol,
+)
+from .stanford_products import StanfordOnlineProducts
+from .vehicle_id import VehicleID
 
 __all__ = [
+    "CATEGORY",
+    "CLASS",
+    "CUB200",
+    "Cars196",
+    "DatasetFormatError",
     "GlyphDataset",
+    "ImageListDataset",
+    "InShopClothes",
     "LabeledSubset",
+    "MatFileError",
     "OmniglotDataset",
+    "StanfordOnlineProducts",
+    "UNLABELED",
+    "VehicleID",
     "as_two_level",
     "class_disjoint_kfold",
     "class_disjoint_split",
+    "first_half_split",
+    "load_mat",
     "mlrc_protocol",
+    "splits",
 ]

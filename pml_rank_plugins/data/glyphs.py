@@ -1,216 +1,316 @@
-"""GlyphDataset: the embedded default dataset, rendered from the fonts matplotlib ships.
+"""GlyphDataset: the embedded default dataset, rendered from the DejaVu fonts matplotlib ships.
 
-No download: each class is one character, rendered from the DejaVu faces in matplotlib's font
-folder; its category is the Unicode block (Latin upper, Greek lower, arrows, ...). Instances
-cycle through the faces that have the glyph, each with a random affine transform (rotation,
-scale, shear, shift), stroke width and pixel noise. Images are 32x32 grayscale (configurable).
-
-The rendered images are cached as ``.npz`` under ``root`` (default ``$PML_RANK_CACHE`` or
-``~/.cache/pml_rank_plugins``), in a file named by a hash of every parameter and of the list of
-font files; the file is written atomically, so concurrent builds are safe.
+Class = one Unicode character, category = its script/block (Latin upper, Greek lower, arrows, ...),
+instance = one rendering with a random DejaVu face (Sans/Serif/Mono x regular/bold/oblique), random
+affine warp (rotation, shear, zoom, shift), random stroke width and Gaussian noise. Nothing is
+downloaded; the rendered uint8 array is cached on disk in an ``.npz`` keyed by every parameter.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import math
 import os
 import tempfile
+from functools import lru_cache
 from pathlib import Path
+from typing import Callable, Sequence
 
 import matplotlib
 import numpy as np
+import PIL
 import torch
 from matplotlib.ft2font import FT2Font
 from PIL import Image, ImageDraw, ImageFont
+from torch.utils.data import Dataset
 
-FORMAT_VERSION = 1
+from .images import label_tensor
 
-# (category name, first code point, last code point, at most this many classes)
-BLOCKS = [
-    ("digits", 0x30, 0x39, 10),
-    ("Latin upper", 0x41, 0x5A, 26),
-    ("Latin lower", 0x61, 0x7A, 26),
-    ("Greek upper", 0x391, 0x3A9, 30),
-    ("Greek lower", 0x3B1, 0x3C9, 30),
-    ("Cyrillic upper", 0x410, 0x42F, 32),
-    ("Cyrillic lower", 0x430, 0x44F, 32),
-    ("letterlike symbols", 0x2100, 0x214F, 30),
-    ("arrows", 0x2190, 0x21FF, 40),
-    ("math operators", 0x2200, 0x22FF, 40),
-    ("geometric shapes", 0x25A0, 0x25FF, 40),
-]
-MIN_FACES = 4  # a character needs this many font faces to give varied instances
+# Bump when the rendering changes, so old caches are never read for new parameters.
+GLYPH_CACHE_VERSION = 1
+
+# (category name, inclusive code point ranges), in class-id order.
+GLYPH_CATEGORIES: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = (
+    ("latin_upper", ((0x41, 0x5A),)),
+    ("latin_lower", ((0x61, 0x7A),)),
+    ("digits", ((0x30, 0x39),)),
+    ("greek_upper", ((0x391, 0x3A9),)),
+    ("greek_lower", ((0x3B1, 0x3C9),)),
+    ("cyrillic_upper", ((0x410, 0x42F),)),
+    ("cyrillic_lower", ((0x430, 0x44F),)),
+    ("armenian", ((0x531, 0x556),)),
+    ("hebrew", ((0x5D0, 0x5EA),)),
+    ("georgian", ((0x10D0, 0x10FA),)),
+    ("arrows", ((0x2190, 0x21FF),)),
+    ("math_operators", ((0x2200, 0x22FF),)),
+    ("geometric_shapes", ((0x25A0, 0x25FF),)),
+)
+
+# The 12 text faces; the two "Display" fonts hold only a few dozen glyphs.
+FONT_FACES: tuple[str, ...] = tuple(
+    f"DejaVu{family}{style}.ttf"
+    for family in ("Sans", "Serif", "SansMono")
+    for style in (
+        ("", "-Bold", "-Oblique", "-BoldOblique")
+        if family != "Serif"
+        else ("", "-Bold", "-Italic", "-BoldItalic")
+    )
+)
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("PML_RANK_CACHE", Path.home() / ".cache" / "pml_rank_plugins"))
+    """``$PML_RANK_CACHE/glyphs`` if the variable is set, else ``~/.cache/pml_rank_plugins/glyphs``."""
+    base = os.environ.get("PML_RANK_CACHE")
+    base = Path(base) if base else Path.home() / ".cache" / "pml_rank_plugins"
+    return base / "glyphs"
 
 
-def font_files() -> list[Path]:
-    """The DejaVu faces shipped with matplotlib (Display faces excluded: few glyphs)."""
-    folder = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
-    files = sorted(p for p in folder.glob("DejaVu*.ttf") if "Display" not in p.name)
-    if not files:
-        raise FileNotFoundError(f"no DejaVu fonts found in {folder}")
-    return files
+def font_dir() -> Path:
+    return Path(matplotlib.get_data_path()) / "fonts" / "ttf"
 
 
-class GlyphDataset(torch.utils.data.Dataset):
-    """Rendered Unicode glyphs with two-level labels [class = character, category = block].
+@lru_cache(maxsize=None)
+def _charmap(face: str) -> frozenset[int]:
+    return frozenset(FT2Font(str(font_dir() / face)).get_charmap())
+
+
+@lru_cache(maxsize=None)
+def _font(face: str, size: int) -> ImageFont.FreeTypeFont:
+    return ImageFont.truetype(str(font_dir() / face), size)
+
+
+def _render_centered(
+    char: str, face: str, size: int, canvas: int, stroke: int = 0
+) -> Image.Image | None:
+    """``char`` drawn white on black, ink box centred in a ``canvas`` square; None if no ink."""
+    font = _font(face, size)
+    image = Image.new("L", (canvas, canvas), 0)
+    draw = ImageDraw.Draw(image)
+    draw.text((0, 0), char, font=font, fill=255, stroke_width=stroke, stroke_fill=255)
+    box = image.getbbox()
+    if box is None:
+        return None
+    x0, y0, x1, y1 = box
+    centred = Image.new("L", (canvas, canvas), 0)
+    centred.paste(image.crop(box), ((canvas - (x1 - x0)) // 2, (canvas - (y1 - y0)) // 2))
+    return centred
+
+
+def glyph_classes(
+    max_classes_per_category: int = 40, image_size: int = 32
+) -> list[tuple[str, str]]:
+    """The ``(character, category)`` classes, in class-id order. Independent of the seed.
+
+    A character qualifies when at least 3 of the 12 faces map it (``FT2Font.get_charmap``, so
+    no .notdef boxes) and it has ink. Characters whose reference rendering (DejaVu Sans) is
+    pixel-identical to an earlier class -- Latin A, Greek Alpha, Cyrillic A -- are dropped, so no
+    two classes are indistinguishable. Categories with more candidates keep
+    ``max_classes_per_category`` of them, evenly spaced in code point order.
+    """
+    size = _font_size(image_size)
+    canvas = 2 * image_size
+    seen: set[bytes] = set()
+    classes: list[tuple[str, str]] = []
+    for category, ranges in GLYPH_CATEGORIES:
+        candidates = []
+        for lo, hi in ranges:
+            for code in range(lo, hi + 1):
+                if len(_faces_for(code)) < 3:
+                    continue
+                reference = _render_centered(chr(code), FONT_FACES[0], size, canvas)
+                if reference is None:
+                    continue
+                key = reference.tobytes()
+                if key in seen:
+                    continue
+                seen.add(key)
+                candidates.append(chr(code))
+        if len(candidates) > max_classes_per_category:
+            keep = np.linspace(0, len(candidates) - 1, max_classes_per_category).round()
+            candidates = [candidates[int(i)] for i in keep]
+        classes.extend((ch, category) for ch in candidates)
+    return classes
+
+
+def _font_size(image_size: int) -> int:
+    # 26 px at 32 x 32 puts a capital at ~19 px tall, leaving room for rotation and shift.
+    return max(6, round(26 * image_size / 32))
+
+
+@lru_cache(maxsize=None)
+def _faces_for(code: int) -> tuple[str, ...]:
+    return tuple(face for face in FONT_FACES if code in _charmap(face))
+
+
+def _render_instance(
+    char: str, rng: np.random.Generator, image_size: int, noise_std: float
+) -> np.ndarray:
+    """One random rendering of ``char``: face, stroke, affine warp, noise. Returns uint8 (S, S)."""
+    faces = _faces_for(ord(char))
+    face = faces[rng.integers(len(faces))]
+    stroke = int(rng.integers(0, 3) == 2)  # thicker stroke one time in three
+    canvas = 2 * image_size
+    glyph = _render_centered(char, face, _font_size(image_size), canvas, stroke)
+    if glyph is None:  # cannot happen for a class that passed glyph_classes; keep it explicit
+        raise RuntimeError(f"{face} renders no ink for U+{ord(char):04X}")
+    angle = math.radians(rng.uniform(-12.0, 12.0))
+    shear = rng.uniform(-0.2, 0.2)
+    zoom = rng.uniform(0.85, 1.1)
+    shift = rng.uniform(-2.0, 2.0, size=2) * image_size / 32
+    cos, sin = math.cos(angle), math.sin(angle)
+    # forward map (glyph -> output): zoom * R(angle) @ [[1, shear], [0, 1]]; PIL wants its inverse.
+    forward = zoom * np.array([[cos, -sin], [sin, cos]]) @ np.array([[1.0, shear], [0.0, 1.0]])
+    inverse = np.linalg.inv(forward)
+    out_centre = np.array([image_size / 2, image_size / 2]) + shift
+    offset = np.array([canvas / 2, canvas / 2]) - inverse @ out_centre
+    data = (inverse[0, 0], inverse[0, 1], offset[0], inverse[1, 0], inverse[1, 1], offset[1])
+    warped = glyph.transform(
+        (image_size, image_size), Image.Transform.AFFINE, data, Image.Resampling.BILINEAR
+    )
+    array = np.asarray(warped, dtype=np.float32)
+    sigma = rng.uniform(0.0, noise_std) * 255.0
+    array = array + rng.normal(0.0, 1.0, size=array.shape).astype(np.float32) * sigma
+    return np.clip(array.round(), 0, 255).astype(np.uint8)
+
+
+def render_glyphs(
+    seed: int = 0,
+    images_per_class: int = 20,
+    image_size: int = 32,
+    max_classes_per_category: int = 40,
+    categories: Sequence[str] | None = None,
+    noise_std: float = 0.08,
+) -> dict[str, np.ndarray]:
+    """Render the glyph set. Returns ``images`` uint8 ``(N, S, S)``, ``labels`` int64 ``(N, 2)``,
+    ``class_names`` and ``category_names``. Deterministic for the arguments (and the installed
+    Pillow/FreeType and matplotlib fonts); each class draws from its own RNG stream
+    ``SeedSequence([seed, code point])``, so a class renders the same whatever else is selected.
+    O(N) renderings of a ``2S x 2S`` canvas.
+    """
+    names = [name for name, _ in GLYPH_CATEGORIES]
+    if categories is None:
+        categories = names
+    unknown = sorted(set(categories) - set(names))
+    if unknown:
+        raise ValueError(f"unknown glyph categories {unknown}; choose from {names}")
+    if images_per_class < 1 or image_size < 8 or max_classes_per_category < 1:
+        raise ValueError(
+            "need images_per_class >= 1, image_size >= 8, max_classes_per_category >= 1"
+        )
+    chosen = [name for name in names if name in set(categories)]
+    classes = [
+        (ch, cat)
+        for ch, cat in glyph_classes(max_classes_per_category, image_size)
+        if cat in set(chosen)
+    ]
+    images = np.empty((len(classes) * images_per_class, image_size, image_size), np.uint8)
+    labels = np.empty((len(classes) * images_per_class, 2), np.int64)
+    row = 0
+    for class_id, (char, category) in enumerate(classes):
+        rng = np.random.default_rng(np.random.SeedSequence([seed, ord(char)]))
+        for _ in range(images_per_class):
+            images[row] = _render_instance(char, rng, image_size, noise_std)
+            labels[row] = (class_id, chosen.index(category))
+            row += 1
+    return {
+        "images": images,
+        "labels": labels,
+        "class_names": np.array([ch for ch, _ in classes], dtype=str),
+        "category_names": np.array(chosen, dtype=str),
+    }
+
+
+class GlyphDataset(Dataset):
+    """Rendered Unicode glyphs, 32 x 32 grayscale (white ink on black), cached on disk.
+
+    With the defaults: 13 categories, about 400 classes (at most 40 per category), 20 images per
+    class. Built in a few seconds on one core and cached under ``root`` as
+    ``glyphs-<hash>.npz``, the hash covering every parameter plus :data:`GLYPH_CACHE_VERSION` and
+    the Pillow/matplotlib versions; the file is written atomically (temp file + ``os.replace``).
 
     Args:
-        root: cache folder (default ``$PML_RANK_CACHE`` or ``~/.cache/pml_rank_plugins``).
-        seed: seed of the random augmentations (same seed -> identical images).
-        images_per_class: instances per character.
-        image_size: side of the square grayscale images.
-        max_classes_per_category: cap on characters per Unicode block (``None``: the table's caps).
-        transform: optional callable on the ``PIL.Image`` (mode "L"); default returns a float
-            tensor ``(1, H, W)`` in [0, 1].
+        root: cache directory; default :func:`default_cache_dir` (env ``PML_RANK_CACHE``).
+        seed: rendering seed.
+        transform: callable applied to the PIL image (mode ``"L"``); default converts it to a
+            float tensor ``(1, S, S)`` in [0, 1].
+        images_per_class, image_size, max_classes_per_category, categories, noise_std: see
+            :func:`render_glyphs`.
 
-    Attributes: ``images`` (N, H, W) uint8, ``labels`` (N, 2) int64 [class, category],
-    ``class_names`` (the characters), ``category_names``, ``cache_path``.
-    Items: ``(image, label)`` with ``label`` the int64 tensor ``[class, category]``.
+    Attributes:
+        images: uint8 ``(N, S, S)``; labels: int64 ``(N, 2)`` ``[class, category]``;
+        class_names: the character of each class; category_names: the name of each category.
     """
 
     def __init__(
         self,
-        root: str | os.PathLike | None = None,
+        root: str | Path | None = None,
         seed: int = 0,
+        transform: Callable | None = None,
         images_per_class: int = 20,
         image_size: int = 32,
-        max_classes_per_category: int | None = None,
-        transform=None,
+        max_classes_per_category: int = 40,
+        categories: Sequence[str] | None = None,
+        noise_std: float = 0.08,
     ):
-        if images_per_class < 2:
-            raise ValueError(f"images_per_class must be >= 2, got {images_per_class}")
-        if image_size < 8:
-            raise ValueError(f"image_size must be >= 8, got {image_size}")
+        params = {
+            "seed": int(seed),
+            "images_per_class": int(images_per_class),
+            "image_size": int(image_size),
+            "max_classes_per_category": int(max_classes_per_category),
+            "categories": None if categories is None else sorted(categories),
+            "noise_std": float(noise_std),
+        }
+        self.root = Path(root) if root is not None else default_cache_dir()
+        self.cache_path = self.root / f"glyphs-{_cache_key(params)}.npz"
+        data = self._load_or_build(params)
+        self.images = data["images"]
+        self.labels = data["labels"]
+        self.class_names = [str(c) for c in data["class_names"]]
+        self.category_names = [str(c) for c in data["category_names"]]
         self.transform = transform
-        fonts = font_files()
-        params = dict(
-            version=FORMAT_VERSION,
-            seed=int(seed),
-            images_per_class=int(images_per_class),
-            image_size=int(image_size),
-            max_classes_per_category=max_classes_per_category,
-            fonts=[p.name for p in fonts],
-            blocks=BLOCKS,
-        )
-        key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
-        self.cache_path = Path(root or default_cache_dir()) / f"glyphs-{key}.npz"
-        if self.cache_path.exists():
-            with np.load(self.cache_path) as data:
-                images, labels = data["images"], data["labels"]
-                class_names, category_names = list(data["class_names"]), list(
-                    data["category_names"]
-                )
-        else:
-            images, labels, class_names, category_names = render_glyphs(
-                fonts, seed, images_per_class, image_size, max_classes_per_category
-            )
-            _save_atomically(
-                self.cache_path,
-                images=images,
-                labels=labels,
-                class_names=np.array(class_names),
-                category_names=np.array(category_names),
-            )
-        self.images, self.labels = images, labels
-        self.class_names = [str(c) for c in class_names]
-        self.category_names = [str(c) for c in category_names]
+
+    def _load_or_build(self, params: dict) -> dict[str, np.ndarray]:
+        if self.cache_path.is_file():
+            try:
+                with np.load(self.cache_path, allow_pickle=False) as cached:
+                    return {key: cached[key] for key in cached.files}
+            except (OSError, ValueError, KeyError):
+                pass  # a corrupt cache is rebuilt below, never trusted
+        data = render_glyphs(**params)
+        self.root.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(dir=self.root, suffix=".npz.tmp")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                np.savez_compressed(out, **data)
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache may be shared
+            os.replace(tmp, self.cache_path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return data
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.images)
 
-    def __getitem__(self, index: int):
-        image = self.images[index]
-        if self.transform is not None:
-            image = self.transform(Image.fromarray(image, mode="L"))
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.transform is None:
+            image = torch.from_numpy(self.images[index]).float().div_(255.0)[None]
         else:
-            image = torch.from_numpy(image).float().div_(255).unsqueeze(0)
-        return image, torch.from_numpy(self.labels[index])
+            image = self.transform(Image.fromarray(self.images[index]))
+        return image, label_tensor(self.labels, index)
 
 
-def available_characters(fonts: list[Path], max_classes_per_category: int | None):
-    """Per block, the characters present in at least ``MIN_FACES`` faces, with those faces."""
-    charmaps = [set(FT2Font(str(path)).get_charmap()) for path in fonts]
-    chosen = []
-    for name, first, last, cap in BLOCKS:
-        if max_classes_per_category is not None:
-            cap = min(cap, max_classes_per_category)
-        picked = []
-        for code in range(first, last + 1):
-            faces = [i for i, charmap in enumerate(charmaps) if code in charmap]
-            if len(faces) >= MIN_FACES:
-                picked.append((chr(code), faces))
-        chosen.append((name, picked[:cap]))
-    return chosen
-
-
-def render_glyphs(fonts, seed, images_per_class, image_size, max_classes_per_category):
-    """Render every (character, instance): returns images, labels, class and category names.
-
-    O(classes * images_per_class) PIL renders of a 2x-sized canvas; each instance has its own
-    generator derived from ``(seed, class, instance)``, so images do not depend on order.
-    """
-    canvas = 2 * image_size
-    loaded = {}
-    images, labels, class_names, category_names = [], [], [], []
-    for category, (name, picked) in enumerate(
-        (n, p) for n, p in available_characters(fonts, max_classes_per_category) if p
-    ):
-        category_names.append(name)
-        for char, faces in picked:
-            cls = len(class_names)
-            class_names.append(char)
-            for instance in range(images_per_class):
-                rng = np.random.default_rng([seed, cls, instance])
-                face = faces[(instance + cls) % len(faces)]
-                size = int(canvas * rng.uniform(0.45, 0.6))
-                if (face, size) not in loaded:
-                    loaded[face, size] = ImageFont.truetype(str(fonts[face]), size)
-                images.append(_render(char, loaded[face, size], canvas, image_size, rng))
-                labels.append((cls, category))
-    return (
-        np.stack(images),
-        np.array(labels, dtype=np.int64),
-        class_names,
-        category_names,
+def _cache_key(params: dict) -> str:
+    key = dict(
+        params,
+        version=GLYPH_CACHE_VERSION,
+        pillow=PIL.__version__,
+        matplotlib=matplotlib.__version__,
+        fonts=[os.path.getsize(p) for p in sorted(glob.glob(str(font_dir() / "DejaVu*.ttf")))],
     )
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _render(char, font, canvas, image_size, rng) -> np.ndarray:
-    image = Image.new("L", (canvas, canvas), 0)
-    draw = ImageDraw.Draw(image)
-    stroke = int(rng.integers(0, 2))
-    left, top, right, bottom = draw.textbbox((0, 0), char, font=font, stroke_width=stroke)
-    origin = ((canvas - (right - left)) / 2 - left, (canvas - (bottom - top)) / 2 - top)
-    draw.text(origin, char, fill=255, font=font, stroke_width=stroke)
-    # Random affine about the centre: rotation, anisotropic scale, shear, shift.
-    angle = np.deg2rad(rng.uniform(-15, 15))
-    sx, sy = rng.uniform(0.85, 1.15, size=2)
-    shear = rng.uniform(-0.2, 0.2)
-    shift = rng.uniform(-0.06, 0.06, size=2) * canvas
-    cos, sin = np.cos(angle), np.sin(angle)
-    forward = np.array([[cos, -sin], [sin, cos]]) @ np.array([[sx, shear], [0, sy]])
-    inverse = np.linalg.inv(forward)
-    centre = np.array([canvas / 2, canvas / 2])
-    offset = centre - inverse @ (centre + shift)
-    coeffs = (*inverse[0], offset[0], *inverse[1], offset[1])
-    image = image.transform(image.size, Image.AFFINE, coeffs, resample=Image.BILINEAR)
-    image = image.resize((image_size, image_size), Image.BILINEAR)
-    pixels = np.asarray(image, dtype=np.float32) + rng.normal(0, 12, (image_size, image_size))
-    return np.clip(pixels, 0, 255).astype(np.uint8)
-
-
-def _save_atomically(path: Path, **arrays) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+__all__ = ["GlyphDataset", "render_glyphs", "glyph_classes", "GLYPH_CATEGORIES"]

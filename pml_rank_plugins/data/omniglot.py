@@ -1,83 +1,114 @@
-"""Omniglot (Lake et al., Science 2015) with two-level labels: category = alphabet."""
+"""OmniglotDataset: the standard Omniglot layout, read from a zip or an extracted folder."""
 
 from __future__ import annotations
 
 import io
-import os
 import zipfile
 from pathlib import Path, PurePosixPath
+from typing import Callable
 
 import numpy as np
 import torch
 from PIL import Image
+from torch.utils.data import Dataset
+
+from .images import DatasetFormatError, label_tensor
 
 
-class OmniglotDataset(torch.utils.data.Dataset):
-    """Reads ``<set>/<Alphabet>/character<NN>/*.png`` from a zip file or an extracted folder.
+class OmniglotDataset(Dataset):
+    """Omniglot characters: category = alphabet, class = character (alphabet x characterNN).
 
-    Class = (alphabet, character) numbered in sorted order, category = alphabet in sorted order.
-    Images are inverted (white strokes on black, as the glyphs), resized to ``image_size`` and kept
-    in memory as uint8 (2,720 images of the small1 set: 2 MB at 28x28).
+    Reads every ``<Alphabet>/characterNN/*.png`` below ``path`` -- a ``.zip`` (as published,
+    e.g. ``images_background.zip``) or an extracted folder, with or without the
+    ``<set>/`` level above the alphabets (several sets may sit side by side). Alphabets and
+    characters are numbered in sorted name order. Images are decoded once, resized to
+    ``image_size`` (bilinear, antialiased) and kept in memory as uint8: O(N image_size^2) bytes.
 
     Args:
-        path: the ``.zip`` or the folder holding ``<set>/`` (or the ``<set>`` folder itself).
+        path: zip file or folder.
         image_size: side of the square output images.
-        transform: optional callable on the ``PIL.Image``; default: float tensor (1, H, W) in [0, 1].
+        transform: callable applied to the PIL image (mode ``"L"``); default converts it to a float
+            tensor ``(1, S, S)`` in [0, 1].
+        invert: if True (default), strokes are bright on a dark background (1 = ink), like
+            :class:`~pml_rank_plugins.data.GlyphDataset`; Omniglot's PNGs are black on white.
 
-    Raises ``FileNotFoundError`` for a missing path and ``ValueError`` for a layout with no images.
+    Attributes:
+        images: uint8 ``(N, S, S)``; labels: int64 ``(N, 2)``; class_names
+        (``"Alphabet/characterNN"``); category_names (alphabets); paths (member/file names).
     """
 
-    def __init__(self, path: str | os.PathLike, image_size: int = 28, transform=None):
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"Omniglot not found at {path}")
-        self.path, self.transform = path, transform
-        entries = _zip_entries(path) if path.is_file() else _folder_entries(path)
-        if not entries:
-            raise ValueError(f"no images in {path}: expected <set>/<Alphabet>/character<NN>/*.png")
-        entries.sort(key=lambda e: (e[0], e[1], e[2]))
-        self.category_names = sorted({alphabet for alphabet, _, _, _ in entries})
-        class_keys = sorted({(alphabet, char) for alphabet, char, _, _ in entries})
-        self.class_names = [f"{alphabet}/{char}" for alphabet, char in class_keys]
-        class_index = {key: i for i, key in enumerate(class_keys)}
-        category_index = {name: i for i, name in enumerate(self.category_names)}
-        self.labels = np.array(
-            [(class_index[a, c], category_index[a]) for a, c, _, _ in entries], dtype=np.int64
+    def __init__(
+        self,
+        path: str | Path,
+        image_size: int = 28,
+        transform: Callable | None = None,
+        invert: bool = True,
+    ):
+        self.path = Path(path)
+        self.image_size = int(image_size)
+        self.transform = transform
+        if self.path.is_file() and zipfile.is_zipfile(self.path):
+            with zipfile.ZipFile(self.path) as archive:
+                names = [n for n in archive.namelist() if n.lower().endswith(".png")]
+                entries = self._index(names)
+                images = [self._decode(archive.read(name), invert) for name, _, _ in entries]
+        elif self.path.is_dir():
+            names = [p.relative_to(self.path).as_posix() for p in self.path.rglob("*.png")]
+            entries = self._index(names)
+            images = [
+                self._decode((self.path / name).read_bytes(), invert) for name, _, _ in entries
+            ]
+        elif self.path.exists():
+            raise DatasetFormatError(f"{self.path}: not a zip file or a folder")
+        else:
+            raise DatasetFormatError(
+                f"{self.path}: Omniglot data not found (expected a .zip or a folder)"
+            )
+        alphabets = sorted({alphabet for _, alphabet, _ in entries})
+        characters = sorted({(alphabet, char) for _, alphabet, char in entries})
+        char_ids = {key: i for i, key in enumerate(characters)}
+        alphabet_ids = {name: i for i, name in enumerate(alphabets)}
+        self.paths = [name for name, _, _ in entries]
+        self.images = (
+            np.stack(images) if images else np.zeros((0, image_size, image_size), np.uint8)
         )
-        self.images = np.stack([_load(read, image_size) for _, _, _, read in entries])
+        self.labels = np.array(
+            [(char_ids[(a, c)], alphabet_ids[a]) for _, a, c in entries], dtype=np.int64
+        ).reshape(-1, 2)
+        self.class_names = [f"{a}/{c}" for a, c in characters]
+        self.category_names = alphabets
+
+    def _index(self, names: list[str]) -> list[tuple[str, str, str]]:
+        """``(name, alphabet, character)`` per png, sorted by name; layout errors name the file."""
+        entries = []
+        for name in sorted(names):
+            parts = PurePosixPath(name).parts
+            if parts and parts[0] == "__MACOSX":
+                continue
+            if len(parts) < 3 or not parts[-2].startswith("character"):
+                raise DatasetFormatError(
+                    f"{self.path}: {name!r} is not in the Omniglot layout "
+                    "<set>/<Alphabet>/characterNN/<image>.png"
+                )
+            entries.append((name, parts[-3], parts[-2]))
+        if not entries:
+            raise DatasetFormatError(f"{self.path}: no Omniglot .png images found")
+        return entries
+
+    def _decode(self, data: bytes, invert: bool) -> np.ndarray:
+        with Image.open(io.BytesIO(data)) as raw:
+            image = raw.convert("L")
+        if image.size != (self.image_size, self.image_size):
+            image = image.resize((self.image_size, self.image_size), Image.Resampling.BILINEAR)
+        array = np.asarray(image, dtype=np.uint8)
+        return 255 - array if invert else array.copy()
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.images)
 
-    def __getitem__(self, index: int):
-        image = self.images[index]
-        if self.transform is not None:
-            image = self.transform(Image.fromarray(image, mode="L"))
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.transform is None:
+            image = torch.from_numpy(self.images[index]).float().div_(255.0)[None]
         else:
-            image = torch.from_numpy(image).float().div_(255).unsqueeze(0)
-        return image, torch.from_numpy(self.labels[index])
-
-
-def _load(read, image_size: int) -> np.ndarray:
-    with Image.open(io.BytesIO(read())) as image:
-        image = image.convert("L").resize((image_size, image_size), Image.BILINEAR)
-        return 255 - np.asarray(image, dtype=np.uint8)
-
-
-def _zip_entries(path: Path):
-    archive = zipfile.ZipFile(path)
-    entries = []
-    for name in archive.namelist():
-        parts = PurePosixPath(name).parts
-        if name.lower().endswith(".png") and len(parts) >= 3:
-            entries.append((parts[-3], parts[-2], name, lambda n=name: archive.read(n)))
-    return entries
-
-
-def _folder_entries(path: Path):
-    entries = []
-    for file in path.rglob("*.png"):
-        rel = file.relative_to(path).parts
-        if len(rel) >= 3:
-            entries.append((rel[-3], rel[-2], str(file), file.read_bytes))
-    return entries
+            image = self.transform(Image.fromarray(self.images[index]))
+        return image, label_tensor(self.labels, index)

@@ -1,51 +1,80 @@
-"""torchvision ResNet-18/50 trunk with a linear embedding head, as in the FastAP/RLL papers."""
+"""ResNetEmbedder: a torchvision ResNet-18/50 trunk with an embedding head."""
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import torch
 import torchvision
 from torch import nn
 
-_DEPTHS = {18: torchvision.models.resnet18, 50: torchvision.models.resnet50}
+from .embedder import EmbeddingHead, TrunkEmbedder
+
+_RESNETS = {18: torchvision.models.resnet18, 50: torchvision.models.resnet50}
 
 
-class ResNetEmbedder(nn.Module):
-    """ResNet trunk (``weights=None``; optionally a torchvision-format state dict from
-    ``weights_path``), ``fc`` replaced by a linear layer to ``embedding_dim``, optional L2
-    normalization. No download ever happens."""
+class _ResNetTrunk(nn.Module):
+    """ResNet without its classifier: ``(B, C, H, W) -> (B, 512 or 2048)`` pooled features.
+    With the standard 3-channel stem, grayscale (C = 1) input is repeated to 3 channels."""
+
+    def __init__(self, depth: int, in_channels: int = 3):
+        super().__init__()
+        self.net = _RESNETS[depth](weights=None)
+        self.in_channels = in_channels
+        if in_channels != 3:
+            self.net.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
+        self.output_size = self.net.fc.in_features
+        self.net.fc = nn.Identity()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if images.shape[1] == 1 and self.in_channels == 3:
+            images = images.expand(-1, 3, -1, -1)
+        return self.net(images)
+
+
+class ResNetEmbedder(TrunkEmbedder):
+    """torchvision ResNet-``depth`` trunk (18 or 50) + linear head to ``embedding_dim``.
+
+    Weights are random (``weights=None``) unless ``weights_path`` names a state dict saved from a
+    torchvision ResNet of the same depth (``torch.save(model.state_dict(), path)``; a
+    ``"state_dict"`` wrapper and a ``"module."`` prefix are accepted, the ``fc.*`` classifier keys
+    are ignored). Loading is strict otherwise, so a wrong file fails loudly. Nothing is ever
+    downloaded. ``in_channels != 3`` replaces the stem convolution (then weights files must
+    match that stem too). Output ``(B, embedding_dim)``, L2-normalized if ``normalize``.
+    """
 
     def __init__(
         self,
         depth: int = 18,
         embedding_dim: int = 512,
-        weights_path: str | os.PathLike | None = None,
+        weights_path: str | Path | None = None,
         normalize: bool = False,
         in_channels: int = 3,
     ):
         super().__init__()
-        if depth not in _DEPTHS:
-            raise ValueError(f"depth must be one of {sorted(_DEPTHS)}, got {depth!r}")
-        trunk = _DEPTHS[depth](weights=None)
+        if depth not in _RESNETS:
+            raise ValueError(f"depth must be one of {sorted(_RESNETS)}, got {depth}")
+        self.trunk = _ResNetTrunk(depth, in_channels)
         if weights_path is not None:
-            state = torch.load(weights_path, map_location="cpu", weights_only=True)
-            state = {k: v for k, v in state.items() if not k.startswith("fc.")}
-            missing, unexpected = trunk.load_state_dict(state, strict=False)
-            missing = [k for k in missing if not k.startswith("fc.")]
-            if missing or unexpected:
-                raise ValueError(
-                    f"{weights_path} does not fit resnet{depth}: missing {missing[:5]}, "
-                    f"unexpected {unexpected[:5]}"
-                )
-        if in_channels != 3:
-            trunk.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
-        features = trunk.fc.in_features
-        trunk.fc = nn.Identity()
-        self.trunk = trunk
-        self.head = nn.Linear(features, embedding_dim)
-        self.normalize = normalize
+            self.load_trunk_weights(weights_path)
+        self.embedder = EmbeddingHead(self.trunk.output_size, embedding_dim, normalize)
+        self.trunk_output_size = self.trunk.output_size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.head(self.trunk(x))
-        return nn.functional.normalize(out, dim=1) if self.normalize else out
+    def load_trunk_weights(self, weights_path: str | Path) -> None:
+        """Load a torchvision ResNet state dict into the trunk (see class docstring)."""
+        path = Path(weights_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"ResNet weights file not found: {path}")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and "state_dict" in state:
+            state = state["state_dict"]
+        if not isinstance(state, dict):
+            raise ValueError(f"{path}: expected a state dict, got {type(state).__name__}")
+        state = {
+            (k[len("module.") :] if k.startswith("module.") else k): v for k, v in state.items()
+        }
+        state = {k: v for k, v in state.items() if not k.startswith("fc.")}
+        try:
+            self.trunk.net.load_state_dict(state, strict=True)
+        except RuntimeError as err:
+            raise ValueError(f"{path}: not a ResNet state dict of this depth: {err}") from err

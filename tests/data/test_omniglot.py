@@ -1,58 +1,118 @@
+from __future__ import annotations
+
 import io
 import zipfile
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
-from pml_rank_plugins.data import OmniglotDataset
+from pml_rank_plugins.data import DatasetFormatError, OmniglotDataset
 
-from .shared_data import shared_dir
+from .conftest import shared_dir
 
-
-def test_real_small1_zip():
-    dataset = OmniglotDataset(shared_dir() / "data" / "omniglot" / "images_background_small1.zip")
-    assert len(dataset) == 2720
-    assert len(np.unique(dataset.labels[:, 0])) == 136
-    assert len(dataset.category_names) == 5 and "Latin" in dataset.category_names
-    image, label = dataset[0]
-    assert image.shape == (1, 28, 28)
-    assert label.tolist() == dataset.labels[0].tolist()
+SMALL1 = shared_dir() / "data" / "omniglot" / "images_background_small1.zip"
 
 
-def _png(value):
+def test_images_background_small1():
+    if not SMALL1.is_file():
+        pytest.fail(
+            f"Omniglot test data missing: {SMALL1} (set PML_RANK_SHARED to the folder holding "
+            "data/omniglot/images_background_small1.zip)"
+        )
+    ds = OmniglotDataset(SMALL1)
+    assert len(ds) == 2720
+    assert len(np.unique(ds.labels[:, 0])) == 136
+    assert len(np.unique(ds.labels[:, 1])) == 5 and len(ds.category_names) == 5
+    assert np.all(np.bincount(ds.labels[:, 0]) == 20)  # 20 drawers per character
+    assert len(np.unique(ds.labels, axis=0)) == 136  # one alphabet per character
+    image, label = ds[0]
+    assert image.shape == (1, 28, 28) and image.dtype == torch.float32
+    assert label.dtype == torch.int64
+    # strokes are bright after inversion: most pixels are background (dark)
+    assert ds.images.mean() < 128
+
+
+def _png(pixels: np.ndarray) -> bytes:
     buffer = io.BytesIO()
-    Image.new("L", (10, 10), value).save(buffer, format="PNG")
+    Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="PNG")
     return buffer.getvalue()
 
 
-def tiny_zip(path):
+# (set, alphabet, character, image) -> a 10 x 10 image whose value encodes it
+TINY = {
+    ("images_background", "Zeta", "character01", "a.png"): 10,
+    ("images_background", "Zeta", "character01", "b.png"): 20,
+    ("images_background", "Alpha", "character02", "c.png"): 30,
+    ("images_background", "Alpha", "character01", "d.png"): 40,
+    ("images_background", "Alpha", "character01", "e.png"): 50,
+}
+
+
+def _write_tiny_zip(path, entries=TINY):
     with zipfile.ZipFile(path, "w") as archive:
-        for alphabet in ["Beta", "Alpha"]:
-            for character in ["character01", "character02"]:
-                for drawer in range(3):
-                    name = f"images_background/{alphabet}/{character}/{drawer:04d}_01.png"
-                    archive.writestr(name, _png(200))
+        for parts, value in entries.items():
+            archive.writestr("/".join(parts), _png(np.full((10, 10), value)))
+    return path
 
 
-def test_tiny_zip_and_extracted_folder_agree(tmp_path):
-    tiny_zip(tmp_path / "tiny.zip")
-    from_zip = OmniglotDataset(tmp_path / "tiny.zip", image_size=8)
-    assert from_zip.category_names == ["Alpha", "Beta"]
-    assert from_zip.class_names[0] == "Alpha/character01"
-    assert from_zip.labels.tolist() == [[c, c // 2] for c in range(4) for _ in range(3)]
-    assert from_zip.images.shape == (12, 8, 8)
-    assert (from_zip.images == 255 - 200).all()  # inverted: strokes bright
-    zipfile.ZipFile(tmp_path / "tiny.zip").extractall(tmp_path / "folder")
-    from_folder = OmniglotDataset(tmp_path / "folder", image_size=8)
-    np.testing.assert_array_equal(from_folder.labels, from_zip.labels)
-    np.testing.assert_array_equal(from_folder.images, from_zip.images)
+def _expected():
+    # alphabets sorted: Alpha=0, Zeta=1; classes sorted by (alphabet, character)
+    return {
+        10: (2, 1),
+        20: (2, 1),
+        30: (1, 0),
+        40: (0, 0),
+        50: (0, 0),
+    }
 
 
-def test_missing_and_empty_inputs(tmp_path):
-    with pytest.raises(FileNotFoundError, match="not found"):
-        OmniglotDataset(tmp_path / "nope.zip")
+def _check_tiny(ds):
+    assert len(ds) == 5
+    assert ds.category_names == ["Alpha", "Zeta"]
+    assert ds.class_names == ["Alpha/character01", "Alpha/character02", "Zeta/character01"]
+    assert ds.images.shape == (5, 6, 6)
+    for image, label in (ds[i] for i in range(len(ds))):
+        value = round(255 - image[0, 3, 3].item() * 255)  # inverted by default
+        assert tuple(label.tolist()) == _expected()[value]
+
+
+def test_tiny_zip(tmp_path):
+    _check_tiny(OmniglotDataset(_write_tiny_zip(tmp_path / "tiny.zip"), image_size=6))
+
+
+def test_tiny_folder(tmp_path):
+    with zipfile.ZipFile(_write_tiny_zip(tmp_path / "tiny.zip")) as archive:
+        archive.extractall(tmp_path / "extracted")
+    _check_tiny(OmniglotDataset(tmp_path / "extracted", image_size=6))
+    # the set folder itself works too
+    _check_tiny(OmniglotDataset(tmp_path / "extracted" / "images_background", image_size=6))
+
+
+def test_no_invert_and_transform(tmp_path):
+    path = _write_tiny_zip(tmp_path / "tiny.zip")
+    ds = OmniglotDataset(path, image_size=10, invert=False)
+    assert sorted(np.unique(ds.images).tolist()) == [10, 20, 30, 40, 50]
+    seen = []
+    ds = OmniglotDataset(path, transform=lambda img: seen.append(img.size) or torch.ones(1, 2, 2))
+    assert ds[0][0].shape == (1, 2, 2) and seen == [(28, 28)]
+
+
+def test_bad_layout(tmp_path):
+    bad = dict(TINY)
+    bad[("images_background", "Zeta", "stray.png")] = 5
+    with pytest.raises(DatasetFormatError, match="stray.png.*not in the Omniglot layout"):
+        OmniglotDataset(_write_tiny_zip(tmp_path / "bad.zip", bad))
+
+
+def test_missing_and_empty(tmp_path):
+    with pytest.raises(DatasetFormatError, match="not found"):
+        OmniglotDataset(tmp_path / "nowhere.zip")
     with zipfile.ZipFile(tmp_path / "empty.zip", "w") as archive:
         archive.writestr("readme.txt", "nothing")
-    with pytest.raises(ValueError, match="no images"):
+    with pytest.raises(DatasetFormatError, match="no Omniglot .png"):
         OmniglotDataset(tmp_path / "empty.zip")
+    (tmp_path / "plain.txt").write_text("x")
+    with pytest.raises(DatasetFormatError, match="not a zip file or a folder"):
+        OmniglotDataset(tmp_path / "plain.txt")

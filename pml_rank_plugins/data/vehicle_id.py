@@ -1,0 +1,47 @@
+"""PKU VehicleID (Liu et al., CVPR 2016) in its published layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from .images import ImageListDataset, format_error, parse_int, read_rows
+from .labels import UNLABELED
+
+SPLIT_FILES = {
+    "train": "train_list.txt",
+    "test800": "test_list_800.txt",
+    "test1600": "test_list_1600.txt",
+    "test2400": "test_list_2400.txt",
+}
+
+
+class VehicleID(ImageListDataset):
+    """``root/train_test_split/<split file>`` (lines ``<image name> <vehicle id>``), images at
+    ``root/image/<image name>.jpg``, models from ``root/attribute/model_attr.txt`` (lines
+    ``<vehicle id> <model id>``).
+
+    Labels: class = vehicle id, category = model id, or ``-1`` (unlabeled) for vehicles that
+    ``model_attr.txt`` does not list -- most of them.
+    """
+
+    def __init__(self, root: str | Path, split: str = "train", transform: Callable | None = None):
+        if split not in SPLIT_FILES:
+            raise ValueError(f"split must be one of {tuple(SPLIT_FILES)}, got {split!r}")
+        root = Path(root)
+        attr_path = root / "attribute" / "model_attr.txt"
+        models: dict[int, int] = {}
+        for line_no, (vehicle, model) in read_rows(attr_path, 2):
+            vehicle = parse_int(attr_path, line_no, vehicle, "vehicle id")
+            model = parse_int(attr_path, line_no, model, "model id")
+            if model < 0:
+                raise format_error(attr_path, line_no, f"negative model id {model}")
+            if models.setdefault(vehicle, model) != model:
+                raise format_error(attr_path, line_no, f"vehicle {vehicle} has two model ids")
+        list_path = root / "train_test_split" / SPLIT_FILES[split]
+        paths, labels = [], []
+        for line_no, (image, vehicle) in read_rows(list_path, 2):
+            vehicle = parse_int(list_path, line_no, vehicle, "vehicle id")
+            paths.append(f"{image}.jpg")
+            labels.append((vehicle, models.get(vehicle, UNLABELED)))
+        super().__init__(paths, labels, root=root / "image", transform=transform)

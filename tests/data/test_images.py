@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms.functional import to_tensor
+
+from pml_rank_plugins.data import DatasetFormatError, ImageListDataset
+from pml_rank_plugins.data.images import read_rows, to_float_tensor
+
+from .fixtures import write_image, write_lines
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB"])
+def test_to_float_tensor_matches_torchvision(mode):
+    rng = np.random.default_rng(0)
+    shape = (5, 7) if mode == "L" else (5, 7, 3)
+    image = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8))
+    assert image.mode == mode
+    assert torch.equal(to_float_tensor(image), to_tensor(image))
+
+
+def test_image_list_dataset(tmp_path):
+    write_image(tmp_path / "a.png", 51)
+    write_image(tmp_path / "sub" / "b.png", 102)
+    ds = ImageListDataset(["a.png", "sub/b.png"], [[3, 1], [4, -1]], root=tmp_path)
+    image, label = ds[1]
+    assert image.shape == (3, 4, 6) and torch.allclose(image, torch.full_like(image, 0.4))
+    assert label.dtype == torch.int64 and label.tolist() == [4, -1]
+    gray = ImageListDataset([tmp_path / "a.png"], [[0, 0]], mode="L")
+    assert gray[0][0].shape == (1, 4, 6)
+    with pytest.raises(ValueError, match="2 paths but 1 labels"):
+        ImageListDataset(["a.png", "b.png"], [[0, 0]])
+    with pytest.raises(ValueError, match="more than one category"):
+        ImageListDataset(["a.png", "b.png"], [[0, 0], [0, 1]])
+
+
+def test_read_rows(tmp_path):
+    path = write_lines(tmp_path / "x.txt", ["h e a d", "1 2", "", "3 4"])
+    assert read_rows(path, 2, skip=1) == [(2, ["1", "2"]), (4, ["3", "4"])]
+    with pytest.raises(DatasetFormatError, match=r"x.txt, line 1: expected 2 fields, got 4"):
+        read_rows(path, 2)

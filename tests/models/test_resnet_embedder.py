@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+
+from pml_rank_plugins.models import ResNetEmbedder
+
+
+@pytest.mark.parametrize("depth,features", [(18, 512), (50, 2048)])
+def test_shapes(depth, features):
+    torch.manual_seed(0)
+    model = ResNetEmbedder(depth=depth, embedding_dim=12).eval()
+    assert model.trunk_output_size == features
+    with torch.no_grad():
+        assert model(torch.rand(2, 3, 32, 32)).shape == (2, 12)
+        assert model(torch.rand(2, 1, 32, 32)).shape == (2, 12)  # grayscale repeated
+
+
+def test_normalize_and_backward():
+    torch.manual_seed(0)
+    model = ResNetEmbedder(depth=18, embedding_dim=8, normalize=True)
+    out = model(torch.rand(2, 3, 32, 32))
+    assert torch.allclose(out.norm(dim=1), torch.ones(2), atol=1e-5)
+    out.sum().backward()
+    assert model.trunk.net.conv1.weight.grad is not None
+
+
+@pytest.mark.parametrize("wrap", ["plain", "state_dict", "module"])
+def test_weights_path_roundtrip(tmp_path, wrap):
+    torch.manual_seed(1)
+    source = torchvision.models.resnet18(weights=None)
+    state = source.state_dict()
+    if wrap == "module":
+        state = {f"module.{k}": v for k, v in state.items()}
+    elif wrap == "state_dict":
+        state = {"state_dict": state}
+    path = tmp_path / "r18.pt"
+    torch.save(state, path)
+    model = ResNetEmbedder(depth=18, embedding_dim=8, weights_path=path).eval()
+    source.fc = torch.nn.Identity()
+    source.eval()
+    x = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(model.trunk(x), source(x))
+
+
+def test_bad_weights_and_depth(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        ResNetEmbedder(weights_path=tmp_path / "missing.pt")
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), tmp_path / "r18.pt")
+    with pytest.raises(ValueError, match="not a ResNet state dict"):
+        ResNetEmbedder(depth=50, weights_path=tmp_path / "r18.pt")
+    with pytest.raises(ValueError, match="depth"):
+        ResNetEmbedder(depth=34)
+
+
+def test_on_test_device(device):
+    model = ResNetEmbedder(depth=18, embedding_dim=8).to(device).eval()
+    with torch.no_grad():
+        out = model(torch.rand(2, 3, 32, 32, device=device))
+    assert out.device.type == device.type and out.shape == (2, 8)
+
+
+def test_in_channels_stem():
+    model = ResNetEmbedder(depth=18, embedding_dim=4, in_channels=1).eval()
+    assert model.trunk.net.conv1.in_channels == 1
+    with torch.no_grad():
+        assert model(torch.rand(2, 1, 32, 32)).shape == (2, 4)
