@@ -19,7 +19,7 @@ import yaml
 from .config import compare, registry, runner
 from .config.compare import slug
 from .config.registry import UnknownNameError
-from .config.schema import ConfigError, load_config
+from .config.schema import ConfigError
 
 # Raised while loading/validating configs only (never caught around training).
 CONFIG_ERRORS = (ConfigError, UnknownNameError, TypeError, ValueError, OSError, yaml.YAMLError)
@@ -92,12 +92,8 @@ def _load(fn, *args, **kwargs):
 
 def _run(args) -> int:
     if args.command == "train":
-        configs = _load(load_config, args.config, args.overrides)
-        if args.method:
-            if args.method not in configs:
-                print(f"unknown method {args.method!r}; have {list(configs)}", file=sys.stderr)
-                return 2
-            configs = {args.method: configs[args.method]}
+        methods = [args.method] if args.method else None
+        configs = _load(compare.collect_methods, [args.config], args.overrides, methods)
         out = Path(args.out or Path("runs") / Path(args.config).stem)
         for name, cfg in configs.items():
             run_dir = out if len(configs) == 1 else out / slug(name)

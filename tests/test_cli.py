@@ -104,3 +104,12 @@ def test_config_mistakes_exit_2_with_a_clear_message(tmp_path, config_file, caps
     err = capsys.readouterr().err
     assert "config error: unknown name 'ContrastivLoss'" in err and "ContrastiveLoss" in err
     assert main(["train", str(tmp_path / "missing.yaml")]) == 2
+    capsys.readouterr()
+    # A method naming a missing class does not block running the others.
+    broken = tmp_path / "broken.yaml"
+    text = config_file.read_text().replace("MultiSimilarityLoss", "NotInstalledLoss")
+    broken.write_text(text)
+    assert main(["compare", str(broken), "--out", str(tmp_path / "all")]) == 2
+    assert "NotInstalledLoss" in capsys.readouterr().err
+    args = ["compare", str(broken), "--out", str(tmp_path / "sub"), "--methods", "PML Contrastive"]
+    assert main(args + ["--set", "trainer.num_epochs=1"]) == 0

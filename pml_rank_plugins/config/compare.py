@@ -21,7 +21,7 @@ import numpy as np
 import tqdm
 
 from . import runner
-from .schema import load_config
+from .schema import load_config, validate
 
 METRIC_LABELS = {
     "precision_at_1": "P@1",
@@ -45,10 +45,14 @@ def collect_methods(
     overrides: Iterable[str] = (),
     methods: Sequence[str] | None = None,
 ) -> dict[str, dict]:
-    """``{method name: config}`` over all files (``methods`` filters by name, in file order)."""
+    """``{method name: config}`` over all files (``methods`` filters by name, in file order).
+
+    Only the selected methods are validated, so a subset runs even where another method names a
+    class that is not installed.
+    """
     out: dict[str, dict] = {}
     for path in config_paths:
-        for name, cfg in load_config(path, overrides).items():
+        for name, cfg in load_config(path, overrides, check=False).items():
             if name in out:
                 raise ValueError(f"method {name!r} defined twice (in {path})")
             out[name] = cfg
@@ -57,6 +61,8 @@ def collect_methods(
         if missing:
             raise ValueError(f"--methods: unknown {missing}; have {list(out)}")
         out = {m: out[m] for m in methods}
+    for cfg in out.values():
+        validate(cfg)
     return out
 
 
