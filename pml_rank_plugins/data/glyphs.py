@@ -21,12 +21,10 @@ from typing import Callable, Sequence
 import matplotlib
 import numpy as np
 import PIL
-import torch
 from matplotlib.ft2font import FT2Font
 from PIL import Image, ImageDraw, ImageFont
-from torch.utils.data import Dataset
 
-from .images import label_tensor
+from .images import InMemoryImageDataset
 
 # Bump when the rendering changes, so old caches are never read for new parameters.
 GLYPH_CACHE_VERSION = 1
@@ -222,7 +220,7 @@ def render_glyphs(
     }
 
 
-class GlyphDataset(Dataset):
+class GlyphDataset(InMemoryImageDataset):
     """Rendered Unicode glyphs, 32 x 32 grayscale (white ink on black), cached on disk.
 
     With the defaults: 13 categories, about 400 classes (at most 40 per category), 20 images per
@@ -290,16 +288,6 @@ class GlyphDataset(Dataset):
             if os.path.exists(tmp):
                 os.remove(tmp)
         return data
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.transform is None:
-            image = torch.from_numpy(self.images[index]).float().div_(255.0)[None]
-        else:
-            image = self.transform(Image.fromarray(self.images[index]))
-        return image, label_tensor(self.labels, index)
 
 
 def _cache_key(params: dict) -> str:

@@ -82,6 +82,25 @@ def label_tensor(labels: np.ndarray, index: int) -> torch.Tensor:
     return torch.from_numpy(labels[index].copy())
 
 
+class InMemoryImageDataset(Dataset):
+    """Base for datasets held as a uint8 array ``images`` ``(N, H, W)`` with ``labels`` ``(N, 2)``
+    and an optional ``transform`` on the PIL image (else a float tensor ``(1, H, W)`` in [0, 1])."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    transform: Callable | None
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.transform is None:
+            image = torch.from_numpy(self.images[index]).float().div_(255.0)[None]
+        else:
+            image = self.transform(Image.fromarray(self.images[index]))
+        return image, label_tensor(self.labels, index)
+
+
 class ImageListDataset(Dataset):
     """Images listed by path, loaded lazily with PIL on ``__getitem__``.
 

@@ -8,14 +8,12 @@ from pathlib import Path, PurePosixPath
 from typing import Callable
 
 import numpy as np
-import torch
 from PIL import Image
-from torch.utils.data import Dataset
 
-from .images import DatasetFormatError, label_tensor
+from .images import DatasetFormatError, InMemoryImageDataset
 
 
-class OmniglotDataset(Dataset):
+class OmniglotDataset(InMemoryImageDataset):
     """Omniglot characters: category = alphabet, class = character (alphabet x characterNN).
 
     Reads every ``<Alphabet>/characterNN/*.png`` below ``path`` -- a ``.zip`` (as published,
@@ -102,13 +100,3 @@ class OmniglotDataset(Dataset):
             image = image.resize((self.image_size, self.image_size), Image.Resampling.BILINEAR)
         array = np.asarray(image, dtype=np.uint8)
         return 255 - array if invert else array.copy()
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.transform is None:
-            image = torch.from_numpy(self.images[index]).float().div_(255.0)[None]
-        else:
-            image = self.transform(Image.fromarray(self.images[index]))
-        return image, label_tensor(self.labels, index)

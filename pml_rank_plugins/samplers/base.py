@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler
 
-from ..data.labels import as_two_level
+from ..data.labels import UNLABELED, as_two_level
 from .class_pools import ClassPools, PoolCursor, _is_int, fill_part
 
 
@@ -76,6 +76,13 @@ class ClassBatchSampler(BatchSampler):
     # -- pools ------------------------------------------------------------------------------------
     def _add_pool(self, key, members: np.ndarray) -> None:
         self._pool_members[key] = members
+
+    def _labeled_category_pools(self, size: int) -> dict:
+        """The pools of the labeled categories (not -1) that can fill ``size`` items, by
+        category id; the others are excluded with a warning naming them."""
+        categories = sorted(set(self.pools.class_category.tolist()) - {UNLABELED})
+        candidates = {int(c): self.pools.pool(c) for c in categories}
+        return self._usable_pools(candidates, size, "category")
 
     def _usable_pools(self, candidates: dict, size: int, what: str) -> dict:
         """Keep the candidate pools that can fill ``size`` items; warn naming each excluded one."""

@@ -6,7 +6,6 @@ import itertools
 
 import torch
 
-from ..data.labels import UNLABELED
 from .base import ClassBatchSampler
 
 
@@ -65,17 +64,11 @@ class CategoryHardSampler(ClassBatchSampler):
             raise ValueError(f"each category's part must hold >= 2 items, got {self.part_size}")
         self.batches_per_pair = batches_per_pair
         self.categories_per_batch = categories_per_batch
-        class_category = self.pools.class_category
-        candidates = {
-            int(c): self.pools.pool(c)
-            for c in sorted(set(class_category.tolist()))
-            if c != UNLABELED
-        }
-        usable = self._usable_pools(candidates, self.part_size, "category")
+        usable = self._labeled_category_pools(self.part_size)
         if len(usable) < categories_per_batch:
             raise ValueError(
                 f"need >= {categories_per_batch} categories able to fill {self.part_size} items "
-                f"each, found {len(usable)} (of {len(candidates)} labeled categories)"
+                f"each, found {len(usable)} (the others were excluded with a warning)"
             )
         for key, members in usable.items():
             self._add_pool(key, members)

@@ -47,13 +47,7 @@ class LabeledUnlabeledSampler(ClassBatchSampler):
                 f"the unlabeled items (category -1) cannot fill a half: they {problem}"
             )
         self._add_pool(_UNLABELED_POOL, unlabeled)
-        class_category = self.pools.class_category
-        candidates = {
-            int(c): self.pools.pool(c)
-            for c in sorted(set(class_category.tolist()))
-            if c != UNLABELED
-        }
-        usable = self._usable_pools(candidates, self.part_size, "category")
+        usable = self._labeled_category_pools(self.part_size)
         if not usable:
             raise ValueError(f"no labeled category can fill a half of {self.part_size} items")
         for key, members in usable.items():
