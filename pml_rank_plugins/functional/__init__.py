@@ -10,11 +10,12 @@ from .ranked_list import (
     ranked_list_terms,
 )
 from .soft_histogram import PairHistogram, pair_categories, pair_histograms
-from .validation import check_finite, compute_dtype
+from .validation import check_finite, compute_dtype, prepare_embeddings
 
 __all__ = [
     "check_finite",
     "compute_dtype",
+    "prepare_embeddings",
     "euclidean_distances",
     "RankedListTerms",
     "masked_softmax",

@@ -17,3 +17,20 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     if dtype in (torch.float16, torch.bfloat16):
         return torch.float32
     return dtype
+
+
+def prepare_embeddings(
+    embeddings: torch.Tensor, ref_emb: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Check queries and references for NaN/inf and cast both to the compute dtype.
+
+    Returns ``(queries, refs, is_self)``; ``is_self`` is whether ``ref_emb`` *is* ``embeddings``
+    (the batch ranked against itself, as PML passes it), in which case ``refs is queries``.
+    """
+    is_self = ref_emb is embeddings
+    check_finite(embeddings, "embeddings")
+    if not is_self:
+        check_finite(ref_emb, "ref_emb")
+    dtype = compute_dtype(embeddings.dtype)
+    queries = embeddings.to(dtype)
+    return queries, queries if is_self else ref_emb.to(dtype), is_self

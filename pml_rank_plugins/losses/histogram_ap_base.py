@@ -7,7 +7,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
-from ..functional.validation import check_finite, compute_dtype
+from ..functional.validation import prepare_embeddings
 from .pair_masks import pair_masks
 
 
@@ -59,15 +59,12 @@ class HistogramAPLoss(BaseMetricLossFunction):
     # -- PML --------------------------------------------------------------------------------------
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         c_f.labels_required(labels)
-        is_self = ref_emb is embeddings
         if ref_labels is None:
             raise ValueError("ref_labels are required with ref_emb")
-        check_finite(embeddings, "embeddings")
-        if not is_self:
-            check_finite(ref_emb, "ref_emb")
-        dtype = compute_dtype(embeddings.dtype)
-        queries = self.distance.normalize(embeddings.to(dtype))
-        refs = queries if is_self else self.distance.normalize(ref_emb.to(dtype))
+        queries, refs, is_self = prepare_embeddings(embeddings, ref_emb)
+        dtype = queries.dtype
+        queries = self.distance.normalize(queries)
+        refs = queries if is_self else self.distance.normalize(refs)
         with torch.no_grad():
             categories, num_pos, num_neg = self._list_categories(
                 labels, ref_labels, indices_tuple, is_self

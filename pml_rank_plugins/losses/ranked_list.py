@@ -8,7 +8,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.ranked_list import check_rll_params, ranked_list_terms
-from ..functional.validation import check_finite, compute_dtype
+from ..functional.validation import check_finite, prepare_embeddings
 from .distance_matrix import distance_matrix
 from .pair_masks import pair_masks
 
@@ -92,13 +92,7 @@ class RankedListLoss(BaseMetricLossFunction):
         c_f.labels_required(labels)
         if ref_labels is None:
             raise ValueError("ref_labels are required with ref_emb")
-        is_self = ref_emb is embeddings
-        check_finite(embeddings, "embeddings")
-        if not is_self:
-            check_finite(ref_emb, "ref_emb")
-        dtype = compute_dtype(embeddings.dtype)
-        emb = embeddings.to(dtype)
-        ref = emb if is_self else ref_emb.to(dtype)
+        emb, ref, is_self = prepare_embeddings(embeddings, ref_emb)
         dist = distance_matrix(self.distance, emb, ref, self.gallery_gradient)
         with torch.no_grad():
             pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)

@@ -6,7 +6,7 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.miners import BaseMiner
 
 from ..functional.ranked_list import check_rll_params, mine_non_trivial, negative_weights
-from ..functional.validation import check_finite, compute_dtype
+from ..functional.validation import prepare_embeddings
 from ..losses.distance_matrix import distance_matrix
 from ..losses.pair_masks import pair_masks
 from .weighted_pairs import WeightedPairs
@@ -53,13 +53,8 @@ class RankedListMiner(BaseMiner):
     def mine(self, embeddings, labels, ref_emb, ref_labels) -> WeightedPairs:
         if labels is None or ref_labels is None:
             raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
-        is_self = ref_emb is embeddings
-        check_finite(embeddings, "embeddings")
-        if not is_self:
-            check_finite(ref_emb, "ref_emb")
-        dtype = compute_dtype(embeddings.dtype)
-        emb = embeddings.to(dtype)
-        dist = distance_matrix(self.distance, emb, emb if is_self else ref_emb.to(dtype))
+        emb, ref, is_self = prepare_embeddings(embeddings, ref_emb)
+        dist = distance_matrix(self.distance, emb, ref)
         pos_mask, neg_mask = pair_masks(labels, ref_labels, exclude_self=is_self)
         pos, neg = mine_non_trivial(dist, pos_mask, neg_mask, self.alpha, self.margin)
         weights = negative_weights(dist, neg, self.Tn)

@@ -27,3 +27,17 @@ def test_check_finite_accepts_finite():
 )
 def test_compute_dtype_promotes_half_precision(given, expected):
     assert compute_dtype(given) == expected
+
+
+def test_prepare_embeddings_self_and_reference():
+    from pml_rank_plugins.functional.validation import prepare_embeddings
+
+    x = torch.randn(4, 3, dtype=torch.float16)
+    queries, refs, is_self = prepare_embeddings(x, x)
+    assert is_self and refs is queries and queries.dtype == torch.float32
+    r = torch.randn(5, 3, dtype=torch.float16)
+    queries, refs, is_self = prepare_embeddings(x, r)
+    assert not is_self and refs.shape == (5, 3) and refs.dtype == torch.float32
+    r[2, 1] = float("nan")
+    with pytest.raises(ValueError, match="ref_emb contains 1 non-finite"):
+        prepare_embeddings(x, r)
