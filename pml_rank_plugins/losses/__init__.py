@@ -1,7 +1,8 @@
 """PML losses."""
 
+from .cross_batch_memory import CrossBatchMemory
 from .fastap import FastAPLoss
 from .quantized_ap import QuantizedAPLoss
 from .ranked_list import RankedListLoss
 
-__all__ = ["FastAPLoss", "QuantizedAPLoss", "RankedListLoss"]
+__all__ = ["CrossBatchMemory", "FastAPLoss", "QuantizedAPLoss", "RankedListLoss"]
