@@ -15,13 +15,15 @@ unmined pair). The output is ``(N, 2, L + 1)``: positive and negative histograms
 
 Categories come from a *source* with ``rows(start, stop)``: :class:`DenseCategories` wraps an
 ``(N, M)`` int8 tensor (pairs from a miner), :class:`LabelCategories` derives each chunk's
-categories from the labels (same label = positive, else negative, self pair ignored), so the
-common case never materializes anything of size N x M.
+categories from the labels (same label = positive, else negative, self pair ignored), so no
+float or int64 N x M tensor is ever materialized.
 
-Memory: :class:`PairHistogram` keeps only ``Q``, ``R`` and the category source for backward, and
-recomputes each query chunk's scores there. Peak extra memory is O(chunk * M) floats (plus
-O(N M) bytes for dense categories), independent of ``L``; time O(N M d) for the products (twice: forward
-and recomputation) plus O(N M) elementwise work.
+Memory and time: forward computes each query chunk's scores, scatters them, and keeps for backward
+one small integer per pair (its histogram column, or a zero-gradient column when the score was
+clamped): N M bytes for up to 84 intervals. Backward gathers the histogram gradient with those
+codes and needs no recomputation. Peak extra memory is O(chunk * M) floats + N M bytes (+ N M
+bytes of dense categories with a miner), independent of ``L``; time two O(N M d) products
+(scores; gradients) plus O(N M) elementwise work.
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ def _bin_units(queries, refs, categories, offset, scale, num_intervals):
     return u, left, column
 
 
+def _code_dtype(num_columns: int) -> torch.dtype:
+    """Smallest integer dtype holding histogram column indices below ``num_columns``."""
+    if num_columns <= 256:
+        return torch.uint8
+    return torch.int16 if num_columns <= 1 << 15 else torch.int32
+
+
 class DenseCategories:
     """Category source over a precomputed ``(N, M)`` int8 tensor."""
 
@@ -68,7 +77,7 @@ class DenseCategories:
 class LabelCategories:
     """Categories computed per chunk from labels: 0 where the labels match, 1 where they differ,
     2 at ``self_columns[i]`` (the query's own column when ranking a batch against itself).
-    O(chunk * M) per call, nothing of size N x M is stored."""
+    O(chunk * M) per call; nothing of size N x M is stored."""
 
     def __init__(self, labels: torch.Tensor, ref_labels: torch.Tensor, self_columns=None):
         self.labels, self.ref_labels, self.self_columns = labels, ref_labels, self_columns
@@ -96,6 +105,8 @@ class PairHistogram(torch.autograd.Function):
     def forward(ctx, queries, refs, categories, offset, scale, num_intervals, chunk_rows):
         num_bins = num_intervals + 1
         out = queries.new_zeros(len(queries), 3 * num_bins + 1)
+        trash = 2 * num_bins  # first column of the ignored segment
+        codes = torch.empty(len(queries), len(refs), dtype=_code_dtype(3 * num_bins + 1))
         for start in range(0, len(queries), chunk_rows):
             stop = start + chunk_rows
             u, left, column = _bin_units(
@@ -106,19 +117,21 @@ class PairHistogram(torch.autograd.Function):
                 scale,
                 num_intervals,
             )
+            # Backward needs, per pair, only the left column and whether u was inside (0, L);
+            # clamped pairs point at the ignored segment, whose gradient is zero.
+            codes[start:stop] = column
+            codes[start:stop].masked_fill_((u <= 0) | (u >= num_intervals), trash)
             frac = u.clamp_(0, num_intervals).sub_(left)
             out[start:stop].scatter_add_(1, column + 1, frac)
             out[start:stop].scatter_add_(1, column, frac.neg_().add_(1))
-        ctx.save_for_backward(queries, refs)
-        ctx.categories = categories
-        ctx.params = (offset, scale, num_intervals, chunk_rows)
+        ctx.save_for_backward(queries, refs, codes)
+        ctx.params = (scale, num_intervals, chunk_rows)
         return out[:, : 2 * num_bins].reshape(len(queries), 2, num_bins)
 
     @staticmethod
     def backward(ctx, grad_hist):
-        queries, refs = ctx.saved_tensors
-        categories = ctx.categories
-        offset, scale, num_intervals, chunk_rows = ctx.params
+        queries, refs, codes = ctx.saved_tensors
+        scale, num_intervals, chunk_rows = ctx.params
         num_bins = num_intervals + 1
         grad = grad_hist.new_zeros(len(queries), 3 * num_bins + 1)
         grad[:, : 2 * num_bins] = grad_hist.reshape(len(queries), 2 * num_bins)
@@ -126,18 +139,11 @@ class PairHistogram(torch.autograd.Function):
         grad_refs = torch.zeros_like(refs) if ctx.needs_input_grad[1] else None
         for start in range(0, len(queries), chunk_rows):
             stop = start + chunk_rows
-            u, _, column = _bin_units(
-                queries[start:stop],
-                refs,
-                categories.rows(start, stop),
-                offset,
-                scale,
-                num_intervals,
-            )
+            column = codes[start:stop].long()
             g = grad[start:stop]
-            # Inside (0, L), d(frac)/du = 1 and d(1 - frac)/du = -1; clamped values get no gradient.
-            grad_scores = g.gather(1, column + 1).sub_(g.gather(1, column))
-            grad_scores.mul_((u > 0) & (u < num_intervals)).mul_(scale)
+            # Inside (0, L), d(frac)/du = 1 and d(1 - frac)/du = -1; clamped and ignored pairs
+            # read two columns of the zero-gradient ignored segment.
+            grad_scores = g.gather(1, column + 1).sub_(g.gather(1, column)).mul_(scale)
             if grad_queries is not None:
                 grad_queries[start:stop] = grad_scores @ refs
             if grad_refs is not None:

@@ -19,7 +19,7 @@ class FastAPLoss(HistogramAPLoss):
     for the differences: ``indices_tuple`` restricts lists here, ``ref_emb`` is supported,
     queries without negatives are excluded instead of scoring AP = 1).
 
-    Cost: O(N M d + N M) time, O(chunk * M) extra memory, independent of ``num_bins`` (PML's
+    Cost: O(N M d + N M) time, O(chunk * M) floats + N M bytes of extra memory, independent of ``num_bins`` (PML's
     ``FastAPLoss``: O(num_bins N^2) memory). See :class:`HistogramAPLoss` for the PML contract.
 
     Args:

@@ -31,7 +31,14 @@ def random_inputs(n=9, m=11, d=5, seed=0, dtype=torch.float64):
 
 @pytest.mark.parametrize(
     "offset, scale, num_intervals",
-    [(5.0, -5.0, 10), (1.5, -1.5, 3), (9.5, -9.5, 19), (0.5, -0.5, 1), (3.0, -4.0, 4)],
+    [
+        (5.0, -5.0, 10),
+        (1.5, -1.5, 3),
+        (9.5, -9.5, 19),
+        (0.5, -0.5, 1),
+        (3.0, -4.0, 4),
+        (45.0, -45.0, 90),
+    ],
 )
 def test_two_bin_histogram_equals_dense_kernel(offset, scale, num_intervals):
     q, r, categories = random_inputs()
@@ -52,14 +59,16 @@ def test_values_on_centres_edges_and_outside_the_range():
         assert got[0, 0].sum().item() == pytest.approx(5.0)  # every value's weights sum to 1
 
 
-def test_gradcheck_float64():
+@pytest.mark.parametrize("num_intervals", [4, 90])  # 90: column codes no longer fit in a byte
+def test_gradcheck_float64(num_intervals):
     q, r, categories = random_inputs(n=5, m=6, d=3, seed=1)
     q.requires_grad_(True)
     r.requires_grad_(True)
-    mix = torch.randn(5, 2, 5, dtype=torch.float64)
+    mix = torch.randn(5, 2, num_intervals + 1, dtype=torch.float64)
+    half = num_intervals / 2
 
     def f(q, r):
-        return (pair_histograms(q, r, categories, 2.0, -2.0, 4) * mix).sum()
+        return (pair_histograms(q, r, categories, half, -half, num_intervals) * mix).sum()
 
     assert gradcheck(f, (q, r))
 
