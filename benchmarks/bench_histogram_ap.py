@@ -2,8 +2,9 @@
 
 For each N (d=128, 10 bins, labels with 4 items per class) and each case, a fresh subprocess
 builds the inputs, reads its resident set size (RSS, /proc/self/statm), runs forward+backward
-``--repeats`` times and reports the best time and the peak RSS growth over the pre-call RSS
-(``ru_maxrss`` minus that baseline). Cases:
+``--warmup`` untimed times (thread pools, allocator, first-touch pages) and then ``--repeats``
+timed times, and reports the best timed call and the peak RSS growth over the pre-call RSS
+(``ru_maxrss`` minus that baseline, warm-up included). Every case is measured the same way. Cases:
 
 * ours  -- ``pml_rank_plugins.losses.FastAPLoss`` (automatic query chunking);
 * pml   -- ``pytorch_metric_learning.losses.FastAPLoss`` (skipped above ``--pml-max``: it needs
@@ -33,7 +34,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * PAGE
 
 
-def run_case(case: str, n: int, dim: int, repeats: int, threads: int) -> dict:
+def run_case(case: str, n: int, dim: int, warmup: int, repeats: int, threads: int) -> dict:
     """Runs inside the subprocess: returns best time (s) and peak RSS growth (bytes)."""
     import torch
 
@@ -54,6 +55,9 @@ def run_case(case: str, n: int, dim: int, repeats: int, threads: int) -> dict:
     else:
         step = lambda: (lambda s: (s * s).sum())(x @ x.T).backward()  # noqa: E731
     baseline = _rss_bytes()
+    for _ in range(warmup):
+        x.grad = None
+        step()
     times = []
     for _ in range(repeats):
         x.grad = None
@@ -65,8 +69,8 @@ def run_case(case: str, n: int, dim: int, repeats: int, threads: int) -> dict:
 
 
 def measure(case: str, n: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", case, str(n), str(args.dim), str(args.repeats)]
-    cmd.append(str(args.threads))
+    cmd = [sys.executable, __file__, "--child", case, str(n), str(args.dim)]
+    cmd += [str(args.warmup), str(args.repeats), str(args.threads)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -75,18 +79,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 4096, 8192])
     parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls first")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls; best is kept")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--pml-max", type=int, default=4096)
-    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        case, n, dim, repeats, threads = args.child
-        print(json.dumps(run_case(case, int(n), int(dim), int(repeats), int(threads))))
+        case, *numbers = args.child
+        print(json.dumps(run_case(case, *map(int, numbers))))
         return
     print(
         f"FastAP forward+backward, CPU, {args.threads} threads, d={args.dim}, 10 bins, "
-        f"best of {args.repeats}; peak = RSS growth during the calls"
+        f"{args.warmup} warm-up call(s), best of {args.repeats} timed; "
+        "peak = RSS growth during all calls"
     )
     print(
         "| N | ours s | PML s | floor s | PML / ours | ours / floor "

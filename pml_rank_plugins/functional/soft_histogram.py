@@ -7,8 +7,8 @@ kernel is non-zero on at most the two centres around ``v``, with weights ``(1 - 
 ``frac = v / delta - floor(v / delta)``; scattering those two weights gives *exactly* the dense
 ``L``-bin histogram in O(N M) instead of O(L N M) (FastAP paper eq. 9-10; Revaud et al. eq. 7).
 
-Values are expressed in bin units, ``u = offset + scale * S``; ``u`` is clamped to ``[0, L]``, so
-values outside the range saturate into the end bins (and get no gradient there).
+Values are expressed in bin units, ``u = offset + scale * S``; values outside ``[0, L]`` saturate
+into the end bins (and get no gradient there).
 
 Every pair ``(i, j)`` carries a category: 0 = positive, 1 = negative, 2 = ignored (self pair,
 unmined pair). The output is ``(N, 2, L + 1)``: positive and negative histograms per query.
@@ -18,12 +18,16 @@ Categories come from a *source* with ``rows(start, stop)``: :class:`DenseCategor
 categories from the labels (same label = positive, else negative, self pair ignored), so no
 float or int64 N x M tensor is ever materialized.
 
-Memory and time: forward computes each query chunk's scores, scatters them, and keeps for backward
-one small integer per pair (its histogram column, or a zero-gradient column when the score was
-clamped): N M bytes for up to 84 intervals. Backward gathers the histogram gradient with those
-codes and needs no recomputation. Peak extra memory is O(chunk * M) floats + N M bytes (+ N M
-bytes of dense categories with a miner), independent of ``L``; time two O(N M d) products
-(scores; gradients) plus O(N M) elementwise work.
+Memory and time: forward computes each query chunk's scores in reused buffers, scatters them, and
+keeps for backward one small integer per pair, its histogram column (one byte for up to 82
+intervals). Backward reads the histogram gradient's slope at those columns with one gather and
+needs no recomputation. Peak extra memory is O(chunk * M) (about 256K scores, a few buffers of
+that size) + N M bytes (+ N M bytes of dense categories with a miner), independent of ``L``; time
+three O(N M d) products (scores; both gradients) plus O(N M) elementwise work (two scatters in
+forward, one gather in backward, a handful of in-cache passes).
+
+Convention at kinks: a value exactly on a bin centre gets the slope of the interval above it;
+clamped values (outside the range) get zero.
 """
 
 from __future__ import annotations
@@ -45,22 +49,11 @@ def rows_per_chunk(num_rows: int, num_cols: int, chunk_size: int | None = None) 
     return max(1, min(num_rows, DEFAULT_CHUNK_ELEMENTS // max(num_cols, 1)))
 
 
-def _bin_units(queries, refs, categories, offset, scale, num_intervals):
-    """Scores of one chunk in bin units, ``u = offset + scale * Q R^T`` (unclamped), and the
-    histogram column of the left neighbouring centre: ``floor(clamp(u)) + category * (L + 1)``."""
-    u = torch.addmm(queries.new_tensor(offset), queries, refs.T, alpha=scale)
-    left = u.clamp(0, num_intervals).floor_()
-    # At u = L the left bin is L with frac 0: its right neighbour gets weight 0, so the histogram
-    # has one spare column at the end rather than a second clamp here.
-    column = left.add(categories.to(u.dtype), alpha=num_intervals + 1).long()
-    return u, left, column
-
-
-def _code_dtype(num_columns: int) -> torch.dtype:
-    """Smallest integer dtype holding histogram column indices below ``num_columns``."""
-    if num_columns <= 256:
+def _code_dtype(max_code: int) -> torch.dtype:
+    """Smallest integer dtype holding column codes up to ``max_code``."""
+    if max_code < 256:
         return torch.uint8
-    return torch.int16 if num_columns <= 1 << 15 else torch.int32
+    return torch.int16 if max_code < 1 << 15 else torch.int32
 
 
 class DenseCategories:
@@ -80,12 +73,25 @@ class LabelCategories:
     O(chunk * M) per call; nothing of size N x M is stored."""
 
     def __init__(self, labels: torch.Tensor, ref_labels: torch.Tensor, self_columns=None):
-        self.labels, self.ref_labels, self.self_columns = labels, ref_labels, self_columns
         self.shape = (len(labels), len(ref_labels))
+        # Dense int32 ids: comparing 4-byte ids is ~30% faster than comparing int64 labels.
+        ids = torch.unique(torch.cat([labels, ref_labels]), return_inverse=True)[1].int()
+        self.labels, self.ref_labels = ids[: len(labels)], ids[len(labels) :]
+        self.self_columns = self_columns
+        self._buffer = None
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         labels = self.labels[start:stop]
-        categories = (labels.view(-1, 1) != self.ref_labels.view(1, -1)).to(torch.int8)
+        # One bool buffer is reused across chunks (a fresh multi-MB allocation per chunk costs
+        # page faults); the returned rows are valid until the next call.
+        if self._buffer is None or self._buffer.shape[0] < len(labels):
+            self._buffer = torch.empty(
+                len(labels), self.shape[1], dtype=torch.bool, device=labels.device
+            )
+        differ = self._buffer[: len(labels)]
+        torch.ne(labels.view(-1, 1), self.ref_labels.view(1, -1), out=differ)
+        # bool -> int8 reinterprets the bytes (0/1) instead of converting them.
+        categories = differ.view(torch.int8)
         if self.self_columns is not None:
             local = torch.arange(len(labels), device=labels.device)
             categories[local, self.self_columns[start:stop]] = IGNORED
@@ -96,56 +102,85 @@ class PairHistogram(torch.autograd.Function):
     """``(N, 2, L + 1)`` positive/negative soft histograms of ``offset + scale * Q R^T``.
 
     Inputs: ``queries`` (N, d), ``refs`` (M, d), ``categories`` a category source (rows of
-    int8 in {0, 1, 2}),
-    ``offset``, ``scale`` (floats), ``num_intervals`` L >= 1, ``chunk_rows`` (rows per chunk).
-    Differentiable w.r.t. ``queries`` and ``refs`` (pass the same tensor twice for self-ranking).
+    int8 in {0, 1, 2}), ``offset``, ``scale`` (floats), ``num_intervals`` L >= 1,
+    ``chunk_rows`` (rows per chunk). Differentiable w.r.t. ``queries`` and ``refs`` (pass the
+    same tensor twice for self-ranking).
+
+    Column layout: each category owns a segment of ``W = L + 3`` columns, the ``L + 1`` bins with
+    one saturation column on each side. A value is shifted by one bin and clamped to
+    ``[0.5, L + 1.5]``, so an out-of-range value splits its unit weight between a saturation
+    column and the end bin; folding the saturation columns into the end bins afterwards gives
+    exactly the clamped histogram. In backward the saturation columns carry the end bins'
+    gradient, so the derivative ``g[c + 1] - g[c]`` read at a clamped pair's column is zero
+    without any mask. Per pair, only its column (one byte for L <= 82) is kept for backward.
     """
 
     @staticmethod
     def forward(ctx, queries, refs, categories, offset, scale, num_intervals, chunk_rows):
-        num_bins = num_intervals + 1
-        out = queries.new_zeros(len(queries), 3 * num_bins + 1)
-        trash = 2 * num_bins  # first column of the ignored segment
-        codes = torch.empty(len(queries), len(refs), dtype=_code_dtype(3 * num_bins + 1))
+        width = num_intervals + 3
+        # Ignored pairs land in a third segment that is dropped; one spare column for ``c + 1``.
+        out = queries.new_zeros(len(queries), 3 * width)
+        minus_left = torch.zeros_like(out)
+        codes = torch.empty(len(queries), len(refs), dtype=_code_dtype(3 * width - 2))
+        # Per-chunk work buffers, allocated once: reused memory stays mapped and in cache.
+        chunk_shape = (min(chunk_rows, len(queries)), len(refs))
+        shift = queries.new_tensor(offset + 1.0)
+        scores_buf, column_buf = queries.new_empty(chunk_shape), queries.new_empty(chunk_shape)
+        index_buf = torch.empty(chunk_shape, dtype=torch.long, device=queries.device)
+        small_index_buf = torch.empty(chunk_shape, dtype=torch.int32, device=queries.device)
         for start in range(0, len(queries), chunk_rows):
-            stop = start + chunk_rows
-            u, left, column = _bin_units(
-                queries[start:stop],
-                refs,
-                categories.rows(start, stop),
-                offset,
-                scale,
-                num_intervals,
-            )
-            # Backward needs, per pair, only the left column and whether u was inside (0, L);
-            # clamped pairs point at the ignored segment, whose gradient is zero.
-            codes[start:stop] = column
-            codes[start:stop].masked_fill_((u <= 0) | (u >= num_intervals), trash)
-            frac = u.clamp_(0, num_intervals).sub_(left)
-            out[start:stop].scatter_add_(1, column + 1, frac)
-            out[start:stop].scatter_add_(1, column, frac.neg_().add_(1))
+            stop = min(start + chunk_rows, len(queries))
+            rows = stop - start
+            u, column, index = scores_buf[:rows], column_buf[:rows], index_buf[:rows]
+            small_index = small_index_buf[:rows]
+            torch.addmm(shift, queries[start:stop], refs.T, alpha=scale, out=u)
+            u.clamp_(0.5, num_intervals + 1.5)
+            torch.floor(u, out=column)
+            frac = u.sub_(column)
+            column.add_(categories.rows(start, stop), alpha=width)
+            # float -> int32 -> int64 is faster than float -> int64 in one conversion, and the
+            # int32 copy narrows cheaply into the codes; scatter_add_ itself is fastest on int64.
+            small_index.copy_(column)
+            codes[start:stop] = small_index
+            index.copy_(small_index)
+            out[start:stop, 1:].scatter_add_(1, index, frac)
+            # The left column's weight 1 - frac is accumulated negated (frac - 1, one in-place
+            # pass, no extra buffer) and subtracted once at the end.
+            minus_left[start:stop].scatter_add_(1, index, frac.sub_(1.0))
+        out.sub_(minus_left)
         ctx.save_for_backward(queries, refs, codes)
         ctx.params = (scale, num_intervals, chunk_rows)
-        return out[:, : 2 * num_bins].reshape(len(queries), 2, num_bins)
+        segments = out[:, : 2 * width].view(len(queries), 2, width)
+        segments[:, :, 1] += segments[:, :, 0]
+        segments[:, :, num_intervals + 1] += segments[:, :, num_intervals + 2]
+        return segments[:, :, 1 : num_intervals + 2].contiguous()
 
     @staticmethod
     def backward(ctx, grad_hist):
         queries, refs, codes = ctx.saved_tensors
         scale, num_intervals, chunk_rows = ctx.params
-        num_bins = num_intervals + 1
-        grad = grad_hist.new_zeros(len(queries), 3 * num_bins + 1)
-        grad[:, : 2 * num_bins] = grad_hist.reshape(len(queries), 2 * num_bins)
-        grad_queries = torch.zeros_like(queries) if ctx.needs_input_grad[0] else None
+        width = num_intervals + 3
+        grad = grad_hist.new_zeros(len(queries), 3, width)
+        grad[:, :2, 1 : num_intervals + 2] = grad_hist
+        grad[:, :2, 0] = grad_hist[:, :, 0]
+        grad[:, :2, num_intervals + 2] = grad_hist[:, :, num_intervals]
+        grad = grad.view(len(queries), 3 * width)
+        # d(frac)/du = 1 and d(1 - frac)/du = -1: a pair at column c has dL/du = g[c + 1] - g[c].
+        slope = (grad[:, 1:] - grad[:, :-1]).mul_(scale)
+        grad_queries = torch.empty_like(queries) if ctx.needs_input_grad[0] else None
         grad_refs = torch.zeros_like(refs) if ctx.needs_input_grad[1] else None
+        chunk_shape = (min(chunk_rows, len(queries)), len(refs))
+        grad_scores_buf = queries.new_empty(chunk_shape)
+        index_buf = torch.empty(chunk_shape, dtype=torch.long, device=queries.device)
         for start in range(0, len(queries), chunk_rows):
-            stop = start + chunk_rows
-            column = codes[start:stop].long()
-            g = grad[start:stop]
-            # Inside (0, L), d(frac)/du = 1 and d(1 - frac)/du = -1; clamped and ignored pairs
-            # read two columns of the zero-gradient ignored segment.
-            grad_scores = g.gather(1, column + 1).sub_(g.gather(1, column)).mul_(scale)
+            stop = min(start + chunk_rows, len(queries))
+            index = index_buf[: stop - start]
+            index.copy_(codes[start:stop])
+            grad_scores = torch.gather(
+                slope[start:stop], 1, index, out=grad_scores_buf[: stop - start]
+            )
             if grad_queries is not None:
-                grad_queries[start:stop] = grad_scores @ refs
+                torch.mm(grad_scores, refs, out=grad_queries[start:stop])
             if grad_refs is not None:
                 grad_refs.addmm_(grad_scores.T, queries[start:stop])
         return grad_queries, grad_refs, None, None, None, None, None

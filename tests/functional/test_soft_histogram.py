@@ -130,3 +130,32 @@ def test_label_categories_equal_dense_masks_chunk_by_chunk():
         pair_histograms(q, r, source, 5.0, -5.0, 10, chunk_size=2),
         pair_histograms(q, r, dense, 5.0, -5.0, 10),
     )
+
+
+@pytest.mark.parametrize("offset, scale", [(2.5, -3.0), (-0.5, 3.0), (1.0, 4.0)])
+def test_gradients_equal_dense_kernel_including_saturated_values(offset, scale):
+    # With |scale| > offset range, many values fall outside [0, L]: they saturate into the end
+    # bins and must get exactly zero gradient, as through the clamp of the dense formulation.
+    q, r, categories = random_inputs(n=8, m=9, d=3, seed=4)
+    mix = torch.randn(8, 2, 5, dtype=torch.float64)
+    grads = []
+    for histogram in (pair_histograms, dense_histograms):
+        qq, rr = q.clone().requires_grad_(True), r.clone().requires_grad_(True)
+        (histogram(qq, rr, categories, offset, scale, 4) * mix).sum().backward()
+        grads.append((qq.grad, rr.grad))
+    u = offset + scale * (q @ r.T)
+    assert ((u < 0) | (u > 4)).any()  # the case really has saturated values
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_label_categories_accept_any_integer_labels():
+    # Labels beyond int32 are remapped to dense ids before the chunk comparisons.
+    big = 2**40
+    labels = torch.tensor([big, big + 1, big, 7])
+    source = LabelCategories(labels, labels, self_columns=torch.arange(4))
+    want = pair_categories(
+        (labels.view(-1, 1) == labels.view(1, -1)) & ~torch.eye(4, dtype=torch.bool),
+        labels.view(-1, 1) != labels.view(1, -1),
+    )
+    assert torch.equal(source.rows(0, 4), want)
