@@ -28,7 +28,7 @@ class HistogramAPLoss(BaseMetricLossFunction):
     ``1 - mean AP``; with no valid query the loss is 0.
 
     float16/bfloat16 embeddings are computed in float32. ``chunk_size`` bounds memory (query rows
-    per chunk; default: about 256K scores per chunk).
+    per chunk; default: 256K scores or 128 rows, whichever is more, up to 4M scores).
     """
 
     def __init__(self, chunk_size: int | None = None, **kwargs):

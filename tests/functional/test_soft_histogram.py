@@ -6,6 +6,7 @@ from pml_rank_plugins.functional.soft_histogram import (
     LabelCategories,
     pair_categories,
     pair_histograms,
+    rows_per_chunk,
 )
 
 from ..reference_histogram_ap import dense_kernel
@@ -159,3 +160,12 @@ def test_label_categories_accept_any_integer_labels():
         labels.view(-1, 1) != labels.view(1, -1),
     )
     assert torch.equal(source.rows(0, 4), want)
+
+
+def test_default_chunk_rows():
+    assert rows_per_chunk(4096, 1024) == 256  # 256K scores
+    assert rows_per_chunk(16384, 16384) == 128  # at least 128 rows for the matmul
+    assert rows_per_chunk(100, 16384) == 100  # never more than the queries
+    assert rows_per_chunk(4096, 1 << 20) == 4  # 4M-score ceiling for huge reference sets
+    assert rows_per_chunk(4096, 1 << 30) == 1
+    assert rows_per_chunk(10, 10, chunk_size=3) == 3
