@@ -6,11 +6,13 @@ A ConvEmbedder (4 conv blocks, 32x32 grayscale inputs, 64-d) trained with our Fa
 * plain small -- an ordinary step on a batch of ``--chunk`` items;
 * plain large -- an ordinary step on the full ``--batch``.
 
-Each case runs in its own subprocess: best wall time of ``--repeats`` steps (forward, backward,
-optimizer step) and peak RSS growth over the RSS before the first step (``ru_maxrss`` minus the
-baseline read from /proc/self/statm; children run with
-``MALLOC_MMAP_THRESHOLD_=65536`` so freed blocks go back to the OS). Targets: chunked peak memory within 1.3x of the plain
-small step; chunked time <= 1.5x the plain large step.
+Each case runs in its own subprocess: ``--warmup`` untimed steps, then the best wall time of
+``--repeats`` steps (forward, backward, optimizer step), and the peak RSS growth over the RSS
+before the first step (``ru_maxrss`` minus the baseline read from /proc/self/statm; children run
+with ``MALLOC_MMAP_THRESHOLD_=65536`` so freed blocks go back to the OS). The three cases are
+measured ``--rounds`` times, interleaved, keeping each case's best time and largest peak.
+Targets: chunked peak memory within 1.3x of the plain small step; chunked time <= 1.5x the plain
+large step.
 Run: ``python benchmarks/bench_chunked.py``.
 """
 
@@ -18,23 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
-import subprocess
-import sys
-import time
+from functools import partial
 
-# Without a fixed mmap threshold glibc keeps freed medium-sized blocks in the heap, so RSS would
-# report allocator caching rather than live memory; the same setting applies to every case.
-CHILD_ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+from _measure import LOW_MMAP_THRESHOLD, best_over_rounds, run_json, time_calls
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def run_case(case: str, batch: int, chunk: int, repeats: int) -> dict:
+def run_case(case: str, batch: int, chunk: int, warmup: int, repeats: int) -> dict:
     import torch
 
     from pml_rank_plugins.losses import FastAPLoss
@@ -48,42 +39,42 @@ def run_case(case: str, batch: int, chunk: int, repeats: int) -> dict:
     size = chunk if case == "plain small" else batch
     x = torch.rand(size, 1, 32, 32)
     y = torch.arange(size) // 4
-    baseline = _rss_bytes()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def step():
         optimizer.zero_grad()
         if case == "chunked":
             chunked_backward(model, x, y, loss_fn, chunk)
         else:
             loss_fn(model(x), y).backward()
         optimizer.step()
-        times.append(time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"time": min(times), "peak": max(0, peak - baseline)}
+
+    return time_calls(step, warmup, repeats)
+
+
+def measure(case: str, args) -> dict:
+    child = [__file__, "--child", case, args.batch, args.chunk, args.warmup, args.repeats]
+    return run_json(child, LOW_MMAP_THRESHOLD)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--chunk", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--repeats", type=int, default=2, help="timed steps; best is kept")
+    parser.add_argument("--rounds", type=int, default=2, help="subprocess rounds per case")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        case, batch, chunk, repeats = args.child
-        print(json.dumps(run_case(case, int(batch), int(chunk), int(repeats))))
+        case, *numbers = args.child
+        print(json.dumps(run_case(case, *map(int, numbers))))
         return
-    results = {}
-    for case in ("chunked", "plain small", "plain large"):
-        cmd = [sys.executable, __file__, "--child", case, str(args.batch), str(args.chunk)]
-        out = subprocess.run(
-            cmd + [str(args.repeats)], capture_output=True, text=True, check=True, env=CHILD_ENV
-        )
-        results[case] = json.loads(out.stdout.strip().splitlines()[-1])
+    cases = ["chunked", "plain small", "plain large"]
+    results = best_over_rounds(partial(measure, args=args), cases, args.rounds)
     print(
         f"ConvEmbedder + FastAPLoss, 32x32 inputs, batch {args.batch}, chunk {args.chunk}, "
-        f"CPU, best of {args.repeats} steps; peak = RSS growth"
+        f"CPU, {args.warmup} warm-up step(s), best of {args.repeats} timed x {args.rounds} "
+        "rounds; peak = RSS growth"
     )
     print("| case | items per step | s per step | peak MiB |")
     print("| --- | ---: | ---: | ---: |")

@@ -23,18 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
-import subprocess
-import sys
-import time
+from functools import partial
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
+from _measure import best_over_rounds, run_json, time_calls
 
 
 def run_case(case: str, n: int, dim: int, warmup: int, repeats: int, threads: int) -> dict:
@@ -45,37 +36,26 @@ def run_case(case: str, n: int, dim: int, warmup: int, repeats: int, threads: in
     torch.manual_seed(0)
     x = torch.randn(n, dim, requires_grad=True)
     labels = torch.arange(n) // 4
-    if case == "ours":
-        from pml_rank_plugins.losses import FastAPLoss
-
-        loss_fn = FastAPLoss(num_bins=10)
-        step = lambda: loss_fn(x, labels).backward()  # noqa: E731
-    elif case == "pml":
-        from pytorch_metric_learning.losses import FastAPLoss
-
-        loss_fn = FastAPLoss(num_bins=10)
-        step = lambda: loss_fn(x, labels).backward()  # noqa: E731
+    if case == "floor":
+        compute = lambda: (lambda s: (s * s).sum())(x @ x.T)  # noqa: E731
     else:
-        step = lambda: (lambda s: (s * s).sum())(x @ x.T).backward()  # noqa: E731
-    baseline = _rss_bytes()
-    for _ in range(warmup):
+        if case == "ours":
+            from pml_rank_plugins.losses import FastAPLoss
+        else:
+            from pytorch_metric_learning.losses import FastAPLoss
+        loss_fn = FastAPLoss(num_bins=10)
+        compute = lambda: loss_fn(x, labels)  # noqa: E731
+
+    def step():
         x.grad = None
-        step()
-    times = []
-    for _ in range(repeats):
-        x.grad = None
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"time": min(times), "peak": max(0, peak - baseline)}
+        compute().backward()
+
+    return time_calls(step, warmup, repeats)
 
 
 def measure(case: str, n: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", case, str(n), str(args.dim)]
-    cmd += [str(args.warmup), str(args.repeats), str(args.threads)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    child = [__file__, "--child", case, n, args.dim, args.warmup, args.repeats, args.threads]
+    return run_json(child)
 
 
 def main() -> None:
@@ -105,14 +85,7 @@ def main() -> None:
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for n in args.sizes:
         cases = ["ours", "floor"] + (["pml"] if n <= args.pml_max else [])
-        best = {}
-        for _ in range(args.rounds):
-            for case in cases:
-                result = measure(case, n, args)
-                if case in best:
-                    result["time"] = min(result["time"], best[case]["time"])
-                    result["peak"] = max(result["peak"], best[case]["peak"])
-                best[case] = result
+        best = best_over_rounds(partial(measure, n=n, args=args), cases, args.rounds)
         ours, floor, pml = best["ours"], best["floor"], best.get("pml")
         mib = lambda r: f"{r['peak'] / 2**20:.0f}"  # noqa: E731
         row = [

@@ -9,7 +9,7 @@ both ``gallery_gradient`` settings; ``True`` differentiates the same graph as PM
 
 Time: all losses in one fresh subprocess (default allocator settings), one warm-up call each,
 then calls interleaved round-robin (so load from other processes hits every loss alike) for at
-least ``--repeats`` rounds and 3 s per loss; the median per loss.
+least ``--repeats`` rounds and ``--min-seconds`` (3 s) per loss; the median per loss.
 
 Peak memory: every (loss, N) is measured in its own fresh subprocess. A thread polls the
 resident set size (``/proc/self/statm``, field 2 times the page size) every 0.2 ms during one forward +
@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 import warnings
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _measure import LOW_MMAP_THRESHOLD, rss_bytes, run_json
+
 CONFIGS = {
     "pml": "PML RankedListLoss",
     "ours": "ours (gallery_gradient=False)",
@@ -40,16 +37,11 @@ CONFIGS = {
 }
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 class PeakRSS:
     """Context manager: peak RSS growth (bytes) over the RSS at entry, by polling in a thread."""
 
     def __enter__(self):
-        self.base = self.peak = _rss_bytes()
+        self.base = self.peak = rss_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -57,13 +49,13 @@ class PeakRSS:
 
     def _poll(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, _rss_bytes())
+            self.peak = max(self.peak, rss_bytes())
             time.sleep(0.0002)
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, _rss_bytes())
+        self.peak = max(self.peak, rss_bytes())
         self.growth = self.peak - self.base
 
 
@@ -91,7 +83,15 @@ def _step_fn(name: str, x0, labels):
     return step
 
 
-def worker(names: list[str], n: int, dim: int, repeats: int, threads: int, measure: str) -> dict:
+def worker(
+    names: list[str],
+    n: int,
+    dim: int,
+    repeats: int,
+    threads: int,
+    measure: str,
+    min_seconds: float = 3.0,
+) -> dict:
     """Run in a fresh process.
 
     ``measure="time"``: all ``names`` in this one process, calls interleaved round-robin so that
@@ -113,7 +113,7 @@ def worker(names: list[str], n: int, dim: int, repeats: int, threads: int, measu
         return {name: {"peak_mb": mem.growth / 2**20, "loss": values[name]}}
     times = {name: [] for name in names}
     start = time.perf_counter()
-    while len(times[names[0]]) < repeats or time.perf_counter() - start < 3.0 * len(names):
+    while len(times[names[0]]) < repeats or time.perf_counter() - start < min_seconds * len(names):
         for name, step in steps.items():
             t0 = time.perf_counter()
             step()
@@ -124,13 +124,10 @@ def worker(names: list[str], n: int, dim: int, repeats: int, threads: int, measu
 
 
 def run_in_subprocess(names: list[str], n: int, args, measure: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    if measure == "memory":
-        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-    cmd = [sys.executable, __file__, "--worker", *names, "--n", str(n), "--dim", str(args.dim)]
-    cmd += ["--repeats", str(args.repeats), "--threads", str(args.threads), "--measure", measure]
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    cmd = [__file__, "--worker", *names, "--n", n, "--dim", args.dim]
+    cmd += ["--repeats", args.repeats, "--threads", args.threads, "--measure", measure]
+    cmd += ["--min-seconds", args.min_seconds]
+    return run_json(cmd, LOW_MMAP_THRESHOLD if measure == "memory" else None)
 
 
 def main() -> None:
@@ -139,12 +136,21 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--min-seconds", type=float, default=3.0, help="timing per loss, at least")
     parser.add_argument("--worker", choices=sorted(CONFIGS), nargs="+")
     parser.add_argument("--n", type=int)
     parser.add_argument("--measure", choices=["time", "memory"], default="time")
     args = parser.parse_args()
     if args.worker:
-        result = worker(args.worker, args.n, args.dim, args.repeats, args.threads, args.measure)
+        result = worker(
+            args.worker,
+            args.n,
+            args.dim,
+            args.repeats,
+            args.threads,
+            args.measure,
+            args.min_seconds,
+        )
         print(json.dumps(result))
         return
 

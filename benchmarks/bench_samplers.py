@@ -13,6 +13,7 @@ import time
 import warnings
 
 import numpy as np
+from _measure import time_calls
 from pytorch_metric_learning.samplers import HierarchicalSampler
 
 from pml_rank_plugins.samplers import CategoryHardSampler, RandomClassSampler
@@ -33,12 +34,7 @@ def sop_like_labels(
 
 
 def best_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return time_calls(fn, warmup=0, repeats=repeats)["time"]
 
 
 def main() -> None:

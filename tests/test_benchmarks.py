@@ -1,0 +1,95 @@
+"""The benchmark scripts run end to end (tiny sizes; no timing is asserted) and their shared
+measurement helpers keep best times and largest peaks."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+from _measure import best_over_rounds, run_json, time_calls  # noqa: E402
+
+
+def run_script(name: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)}
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / name), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def table_rows(output: str) -> list[list[str]]:
+    rows = [line.strip("|").split("|") for line in output.splitlines() if line.startswith("| ")]
+    cells = [[cell.strip() for cell in row] for row in rows]
+    return [row for row in cells if row[0] not in ("N", "case") and not row[0].startswith("---")]
+
+
+def test_bench_histogram_ap_prints_one_row_per_size():
+    out = run_script(
+        "bench_histogram_ap.py",
+        *("--sizes", "32", "48", "--pml-max", "32"),
+        *("--warmup", "0", "--repeats", "1", "--rounds", "1"),
+    )
+    rows = table_rows(out)
+    assert [row[0] for row in rows] == ["32", "48"]
+    assert rows[0][4].endswith("x") and rows[1][2] == "skipped"
+    assert "PML skipped above N=32" in out
+
+
+def test_bench_chunked_prints_the_three_cases_and_ratios():
+    out = run_script(
+        "bench_chunked.py", *("--batch", "32", "--chunk", "8", "--repeats", "1", "--rounds", "1")
+    )
+    assert [row[0] for row in table_rows(out)] == ["chunked", "plain small", "plain large"]
+    assert "chunked time / plain large time:" in out
+
+
+def test_bench_ranked_list_prints_every_loss():
+    out = run_script(
+        "bench_ranked_list.py", *("--sizes", "32", "--repeats", "1", "--min-seconds", "0")
+    )
+    assert len(table_rows(out)) == 3
+
+
+def test_best_over_rounds_keeps_best_time_and_largest_peak():
+    results = iter(
+        [
+            {"time": 2.0, "peak": 5},
+            {"time": 1.0, "peak": 1},
+            {"time": 1.5, "peak": 9},
+            {"time": 3.0, "peak": 0},
+        ]
+    )
+    calls = []
+
+    def measure(case):
+        calls.append(case)
+        return next(results)
+
+    best = best_over_rounds(measure, ["a", "b"], rounds=2)
+    assert calls == ["a", "b", "a", "b"]  # interleaved
+    assert best == {"a": {"time": 1.5, "peak": 9}, "b": {"time": 1.0, "peak": 1}}
+
+
+def test_time_calls_runs_warmup_and_repeats():
+    calls = []
+    result = time_calls(lambda: calls.append(1), warmup=2, repeats=3)
+    assert len(calls) == 5
+    assert result["time"] >= 0 and result["peak"] >= 0
+    with pytest.raises(ValueError, match="repeats"):
+        time_calls(lambda: None, warmup=0, repeats=0)
+
+
+def test_run_json_reports_a_failing_child():
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        run_json(["-c", "1 / 0"])
+    assert run_json(["-c", "print('noise'); print('{\"a\": 1}')"]) == {"a": 1}
