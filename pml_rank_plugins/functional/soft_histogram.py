@@ -128,7 +128,9 @@ class PairHistogram(torch.autograd.Function):
         # Ignored pairs land in a third segment that is dropped; one spare column for ``c + 1``.
         out = queries.new_zeros(len(queries), 3 * width)
         minus_left = torch.zeros_like(out)
-        codes = torch.empty(len(queries), len(refs), dtype=_code_dtype(3 * width - 2))
+        codes = torch.empty(
+            len(queries), len(refs), dtype=_code_dtype(3 * width - 2), device=queries.device
+        )
         # Per-chunk work buffers, allocated once: reused memory stays mapped and in cache.
         chunk_shape = (min(chunk_rows, len(queries)), len(refs))
         shift = queries.new_tensor(offset + 1.0)
