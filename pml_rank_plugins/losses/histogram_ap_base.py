@@ -99,7 +99,7 @@ class HistogramAPLoss(BaseMetricLossFunction):
             pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
             return pair_categories(pos_mask, neg_mask), pos_mask.sum(1), neg_mask.sum(1)
         classes, ref_counts = torch.unique(ref_labels, return_counts=True)
-        slot = torch.searchsorted(classes, labels).clamp_(max=len(classes) - 1)
+        slot = torch.searchsorted(classes, labels.contiguous()).clamp_(max=len(classes) - 1)
         same = torch.where(classes[slot] == labels, ref_counts[slot], 0)
         num_pos = same - 1 if is_self else same
         return None, num_pos, len(ref_labels) - same
