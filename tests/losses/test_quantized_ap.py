@@ -113,3 +113,29 @@ def test_nan_raises():
     emb, labels = make_embeddings_and_labels()
     with pytest.raises(ValueError, match="non-finite"):
         QuantizedAPLoss()(emb.detach() * float("nan"), labels)
+
+
+def test_single_item_gives_zero_loss_and_counts_skip():
+    loss_fn = QuantizedAPLoss(collect_stats=True, class_balanced=True)
+    loss = loss_fn(torch.randn(1, 3, requires_grad=True), torch.zeros(1, dtype=torch.long))
+    assert loss.item() == 0 and torch.isfinite(loss)
+    assert loss_fn.num_skipped_queries == 1 and loss_fn.num_valid_queries == 0
+
+
+def test_length_mismatch_raises():
+    emb, labels = make_embeddings_and_labels()
+    with pytest.raises(ValueError, match="Number of embeddings must equal number of labels"):
+        QuantizedAPLoss()(emb, labels[:-1])
+
+
+def test_ref_length_mismatch_raises():
+    emb, labels = make_embeddings_and_labels(n=8)
+    with pytest.raises(ValueError, match="Number of embeddings must equal number of labels"):
+        QuantizedAPLoss()(emb, labels, ref_emb=emb[:5], ref_labels=labels[:4])
+
+
+def test_bfloat16_is_computed_in_float32():
+    emb, labels = make_embeddings_and_labels(n=32, dim=8, dtype=torch.float32)
+    loss = QuantizedAPLoss()(emb.detach().to(torch.bfloat16).requires_grad_(True), labels)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, QuantizedAPLoss()(emb.to(torch.bfloat16).float(), labels))
