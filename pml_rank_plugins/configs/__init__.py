@@ -1,0 +1,1 @@
+"""Shipped experiment configs (package data; ``configs/`` at the repository root links here)."""
