@@ -32,8 +32,9 @@ import numpy as np
 import torch
 from pytorch_metric_learning.utils import logging_presets
 
-from . import builder
+from . import builder, protocols
 from .schema import dump_yaml, load_yaml, validate
+from .transforms import collate_for
 
 LOGGER = logging.getLogger(__name__)
 LOG_FREQ = 10
@@ -169,8 +170,14 @@ def run_eval(tester, exp: builder.Experiment, entries: list, epoch: int) -> dict
         return {}
     names = {q for q, _ in s2e} | {r for _, refs in s2e for r in refs}
     datasets = {n: exp.datasets[n] for n in names}
+    collate = collate_for(datasets[s2e[0][0]], "evaluation")  # unequal sizes: name the key
     all_acc = tester.test(
-        datasets, epoch, exp.models["trunk"], exp.models["embedder"], splits_to_eval=s2e
+        datasets,
+        epoch,
+        exp.models["trunk"],
+        exp.models["embedder"],
+        splits_to_eval=s2e,
+        collate_fn=collate,
     )
     return {split: strip_level(acc) for split, acc in all_acc.items()}
 
@@ -222,6 +229,8 @@ def train(
         config = load_yaml(saved_cfg)
     config = plain(config)
     validate(config)
+    if protocols.is_mlrc(config) and protocols.mlrc_fold(config) is None:  # one run per fold
+        return protocols.train_mlrc(config, run_dir, resume, stop_after_epoch, device)
     resuming = resume and ckpt_path.exists()
     if resume and not resuming:
         LOGGER.warning("--resume: no checkpoint in %s; starting from scratch", run_dir)
@@ -299,6 +308,7 @@ def train(
     test = run_eval(tester, exp, test_entries, final_epoch) if test_entries else {}
     if not test and val_entries and best["epoch"] is not None:
         test = next(h["validation"] for h in history if h["epoch"] == best["epoch"])
+    test = {**test, **protocols.revisited_eval(config, exp.models, tester)}  # eval.revisited
     if record_keeper is not None:
         record_keeper.save_records()
     if tb_writer is not None:
@@ -324,6 +334,8 @@ def evaluate(run_dir: str | Path, which: str = "best", device: str | None = None
     """
     run_dir = Path(run_dir)
     config = load_yaml(run_dir / "config.yaml")
+    if protocols.is_mlrc(config) and protocols.mlrc_fold(config) is None:
+        return protocols.evaluate_mlrc(run_dir, which, device)
     exp = builder.build_experiment(config, device)
     path = run_dir / "checkpoints" / f"{which}.pt"
     if not path.exists():
@@ -336,5 +348,6 @@ def evaluate(run_dir: str | Path, which: str = "best", device: str | None = None
     tester = builder.build_tester(config, exp.device)
     out = {"checkpoint": path.name, "epoch": ckpt["epoch"]}
     out.update(run_eval(tester, exp, entries, ckpt["epoch"]))
+    out.update(protocols.revisited_eval(config, exp.models, tester))
     (run_dir / "eval.json").write_text(json.dumps(out, indent=2))
     return out

@@ -26,6 +26,9 @@ TOP_LEVEL_KEYS = {
     "name",
     "seed",
     "dataset",
+    "datasets",
+    "transforms",
+    "data_root",
     "split",
     "models",
     "loss_funcs",
@@ -48,6 +51,7 @@ EVAL_KEYS = {
     "primary_metric",
     "test_interval",
     "patience",
+    "revisited",
 }
 _CLASSLIKE = re.compile(r"^(plugin:|pml:)?[A-Za-z_][\w.]*$")
 
@@ -224,9 +228,14 @@ def validate(config: dict) -> dict:
         raise ConfigError(
             f"unknown top-level key(s) {sorted(unknown)}; allowed: {sorted(TOP_LEVEL_KEYS)}"
         )
-    for key in ("dataset", "models", "loss_funcs", "trainer"):
+    for key in ("models", "loss_funcs", "trainer"):
         if key not in config:
             raise ConfigError(f"missing required section {key!r}")
+    if ("dataset" in config) == ("datasets" in config):
+        raise ConfigError(
+            "give exactly one of 'dataset' (one dataset, cut by 'split') or 'datasets' "
+            "({split name: dataset spec}, e.g. train: {CUB200: {split: train}})"
+        )
     if "trunk" not in (config.get("models") or {}):
         raise ConfigError("models: needs at least 'trunk'")
     if "metric_loss" not in (config.get("loss_funcs") or {}):
@@ -235,8 +244,23 @@ def validate(config: dict) -> dict:
     bad = set(ev) - EVAL_KEYS
     if bad:
         raise ConfigError(f"eval: unknown key(s) {sorted(bad)}; allowed: {sorted(EVAL_KEYS)}")
+    datasets = config.get("datasets")
+    if datasets is not None and not isinstance(datasets, dict):
+        raise ConfigError("datasets: expected {split name: {DatasetClass: {kwargs}}}")
     slots = {
-        "dataset": config["dataset"],
+        **({"dataset": config["dataset"]} if "dataset" in config else {}),
+        **{f"datasets.{k}": v for k, v in (datasets or {}).items()},
+        **{
+            f"transforms.{kind}[{i}]": item
+            for kind, items in (config.get("transforms") or {}).items()
+            if isinstance(items, list)
+            for i, item in enumerate(items)
+        },
+        **{
+            f"eval.revisited[{i}].dataset": e["dataset"]
+            for i, e in enumerate(ev.get("revisited") or [])
+            if isinstance(e, dict) and "dataset" in e
+        },
         "trainer": config["trainer"],
         **{f"models.{k}": v for k, v in config["models"].items()},
         **{f"loss_funcs.{k}": v for k, v in config["loss_funcs"].items()},
@@ -266,4 +290,4 @@ def validate(config: dict) -> dict:
 # Keywords the runner consumes itself (not passed to the class).
 RUNNER_KWARGS = {"trainer": ("num_epochs",)}
 # Keys of ``split:`` other than the split function spec.
-SPLIT_KEYS = ("names", "query_gallery")
+SPLIT_KEYS = ("names", "query_gallery", "fold")
