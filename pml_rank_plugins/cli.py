@@ -3,6 +3,7 @@
 pml-rank train CONFIG [--out RUN_DIR] [--method NAME] [--set key=value ...] [--resume]
 pml-rank eval RUN_DIR [--which best|latest]
 pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--set key=value ...]
+pml-rank check CONFIG... [--data-root DIR] [--set key=value ...]   # build everything, no training
 pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to
 """
 
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from .config import compare, registry, runner
+from .config import check, compare, registry, runner
+from .config.data_root import data_root_override
 from .config.compare import slug
 from .config.registry import UnknownNameError
 from .config.schema import ConfigError
@@ -40,6 +42,16 @@ def _parser() -> argparse.ArgumentParser:
             help="override a config value (dotted path, YAML value); repeatable",
         )
         sp.add_argument("--device", default=None, help="torch device (default: config or cpu)")
+        add_data_root(sp)
+
+    def add_data_root(sp):
+        sp.add_argument(
+            "--data-root",
+            default=None,
+            metavar="DIR",
+            help="folder that relative dataset roots and weights paths start from, e.g. "
+            "--data-root /data (CUB at /data/CUB_200_2011); default $PML_RANK_DATA",
+        )
 
     t = sub.add_parser("train", help="train one config (every method in it, or --method)")
     t.add_argument("config")
@@ -52,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--which", default="best", choices=["best", "latest"])
     e.add_argument("--device", default=None)
+    add_data_root(e)
 
     c = sub.add_parser("compare", help="methods x seeds -> table (Markdown, CSV) and plots")
     c.add_argument("configs", nargs="+")
@@ -60,6 +73,15 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--methods", default=None, help="comma-separated subset of method names")
     c.add_argument("--resume", action="store_true", help="reuse finished runs, continue others")
     add_common(c)
+
+    k = sub.add_parser(
+        "check",
+        help="build every object of every method without training, e.g. "
+        "pml-rank check configs/benchmarks/mlrc_cub200.yaml --data-root /data",
+    )
+    k.add_argument("configs", nargs="+", help="config files, e.g. configs/default.yaml")
+    k.add_argument("--methods", default=None, help="comma-separated subset of method names")
+    add_common(k)
 
     ls = sub.add_parser("list", help="list resolvable names")
     ls.add_argument("substring", nargs="?", default="")
@@ -90,7 +112,17 @@ def _load(fn, *args, **kwargs):
         raise _BadConfig(str(e)) from e
 
 
+def _data_root_sets(args) -> list[str]:
+    """``--data-root`` (else ``$PML_RANK_DATA``) as a ``data_root=...`` override."""
+    flag = getattr(args, "data_root", None)
+    if flag is not None and not Path(flag).expanduser().is_dir():
+        raise _BadConfig(f"--data-root {flag}: not a folder")
+    return data_root_override(flag)
+
+
 def _run(args) -> int:
+    if hasattr(args, "overrides"):
+        args.overrides = _data_root_sets(args) + list(args.overrides)
     if args.command == "train":
         methods = [args.method] if args.method else None
         configs = _load(compare.collect_methods, [args.config], args.overrides, methods)
@@ -100,7 +132,10 @@ def _run(args) -> int:
             metrics = runner.train(cfg, run_dir, resume=args.resume, device=args.device)
             print(json.dumps({"run_dir": str(run_dir), "test": metrics.get("test")}, indent=2))
     elif args.command == "eval":
-        print(json.dumps(runner.evaluate(args.run_dir, args.which, args.device), indent=2))
+        root = _data_root_sets(args)
+        data_root = json.loads(root[0].partition("=")[2]) if args.data_root and root else None
+        out = runner.evaluate(args.run_dir, args.which, args.device, data_root=data_root)
+        print(json.dumps(out, indent=2))
     elif args.command == "compare":
         methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
         _load(compare.collect_methods, args.configs, args.overrides, methods)  # fail fast
@@ -115,6 +150,10 @@ def _run(args) -> int:
         )
         print(compare.markdown_table(summary))
         print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
+    elif args.command == "check":
+        methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
+        for line in _load(check.check_configs, args.configs, args.overrides, methods, args.device):
+            print(line)
     elif args.command == "list":
         for name, target in sorted(registry.all_names().items()):
             if args.substring.lower() in name.lower():

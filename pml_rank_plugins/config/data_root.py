@@ -107,7 +107,7 @@ def resolve_dataset_spec(spec: Any, where: str, data_root: str | None) -> Any:
             continue
         resolved = resolve_path(kwargs[key], data_root)
         kwargs[key] = resolved
-        if not Path(resolved).exists():
+        if _is_file_dataset(name, short) and not Path(resolved).exists():
             hint = ""
             if short in PUBLISHED:
                 folder, content, archive = PUBLISHED[short]
@@ -119,6 +119,31 @@ def resolve_dataset_spec(spec: Any, where: str, data_root: str | None) -> Any:
                 f"{where}.{name}.{key}: {resolved} not found ({_root_text(data_root)}).{hint}"
             )
     return {name: kwargs}
+
+
+def _is_file_dataset(name: str, short: str) -> bool:
+    """Datasets read from files (not a cache folder they create, like GlyphDataset's)."""
+    from pml_rank_plugins.data.images import ImageListDataset
+
+    from . import registry
+
+    if short in PUBLISHED:
+        return True
+    try:
+        cls = registry.resolve(name)
+    except Exception:  # an unknown name is reported by the builder, with suggestions
+        return False
+    return isinstance(cls, type) and issubclass(cls, ImageListDataset)
+
+
+def data_root_override(flag: str | None) -> list[str]:
+    """``--set`` overrides for ``--data-root DIR`` (else ``$PML_RANK_DATA``), as absolute paths."""
+    root = flag or default_data_root()
+    if not root:
+        return []
+    import json
+
+    return [f"data_root={json.dumps(str(Path(root).expanduser().resolve()))}"]
 
 
 def resolve_weights(value: Any, data_root: str | None) -> Any:

@@ -236,15 +236,19 @@ def train_mlrc(
     return metrics
 
 
-def evaluate_mlrc(run_dir: str | Path, which: str = "best", device: str | None = None) -> dict:
+def evaluate_mlrc(
+    run_dir: str | Path, which: str = "best", device: str | None = None, data_root=None
+) -> dict:
     """Re-evaluate every fold (``fold<k>/eval.json``) and the concatenated/separated test."""
     from . import runner
     from .schema import load_yaml
 
     run_dir = Path(run_dir)
     config = load_yaml(run_dir / "config.yaml")
+    if data_root is not None:
+        config["data_root"] = str(data_root)
     folds = [
-        runner.evaluate(run_dir / f"fold{k}", which, device)
+        runner.evaluate(run_dir / f"fold{k}", which, device, data_root)
         for k in range(mlrc_num_folds(config))
     ]
     out = mlrc_test(config, run_dir, which, device, folds)

@@ -327,15 +327,23 @@ def train(
     return metrics
 
 
-def evaluate(run_dir: str | Path, which: str = "best", device: str | None = None) -> dict:
+def evaluate(
+    run_dir: str | Path,
+    which: str = "best",
+    device: str | None = None,
+    data_root: str | None = None,
+) -> dict:
     """Rebuild a finished/interrupted run, load ``which`` weights and evaluate every eval split.
 
-    Writes and returns ``RUN_DIR/eval.json``: ``{split: {metric: value}}``.
+    Writes and returns ``RUN_DIR/eval.json``: ``{split: {metric: value}}``. ``data_root``
+    replaces the saved config's (data moved since training).
     """
     run_dir = Path(run_dir)
     config = load_yaml(run_dir / "config.yaml")
+    if data_root is not None:
+        config["data_root"] = str(data_root)
     if protocols.is_mlrc(config) and protocols.mlrc_fold(config) is None:
-        return protocols.evaluate_mlrc(run_dir, which, device)
+        return protocols.evaluate_mlrc(run_dir, which, device, data_root)
     exp = builder.build_experiment(config, device)
     path = run_dir / "checkpoints" / f"{which}.pt"
     if not path.exists():
