@@ -191,7 +191,8 @@ def build_models(config: dict, device: torch.device) -> dict[str, torch.nn.Modul
 
     root = config.get("data_root")
     models = {
-        k: build_object(resolve_weights(v, root), f"models.{k}") for k, v in config["models"].items()
+        k: build_object(resolve_weights(v, root), f"models.{k}")
+        for k, v in config["models"].items()
     }
     if "embedder" not in models:
         models["embedder"] = torch.nn.Identity()

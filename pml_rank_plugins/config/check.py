@@ -77,11 +77,11 @@ def check_method(name: str, config: dict, device: str | None = None) -> str:
         ]
         data = (
             f"MLRC {len(folds)} folds: "
-            + " | ".join(
-                f"train {_size(f['train'])} val {_size(f['val'])}" for f in folds
-            )
+            + " | ".join(f"train {_size(f['train'])} val {_size(f['val'])}" for f in folds)
             + " | "
-            + " ".join(f"{s} {_size(d)}" for s, d in exp.datasets.items() if s not in ("train", "val"))
+            + " ".join(
+                f"{s} {_size(d)}" for s, d in exp.datasets.items() if s not in ("train", "val")
+            )
         )
     else:
         data = " ".join(f"{s} {_size(d)}" for s, d in exp.datasets.items())

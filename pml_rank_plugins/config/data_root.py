@@ -153,7 +153,11 @@ def resolve_weights(value: Any, data_root: str | None) -> Any:
         return {name: resolve_weights(kwargs or {}, data_root)}
     if isinstance(value, dict):
         return {
-            k: (resolve_path(v, data_root) if k in WEIGHTS_KEYWORDS else resolve_weights(v, data_root))
+            k: (
+                resolve_path(v, data_root)
+                if k in WEIGHTS_KEYWORDS
+                else resolve_weights(v, data_root)
+            )
             for k, v in value.items()
         }
     if isinstance(value, list):

@@ -381,10 +381,7 @@ def build_revisited(config: dict, entry: dict) -> tuple[Any, Any]:
     where = entry["where"]
     if entry["transform"] is not None:
         transform = NamedCompose(
-            [
-                build_object(t, f"{where}.transform[{i}]")
-                for i, t in enumerate(entry["transform"])
-            ],
+            [build_object(t, f"{where}.transform[{i}]") for i, t in enumerate(entry["transform"])],
             f"{where}.transform",
         )
     else:

@@ -83,9 +83,7 @@ def dataset_transform_key(dataset) -> str:
     key = getattr(transform, "key", None)
     if key:
         return key
-    return (
-        "transforms (not set: the dataset's built-in conversion keeps every image's own size)"
-    )
+    return "transforms (not set: the dataset's built-in conversion keeps every image's own size)"
 
 
 class ShapeCheckedCollate:

@@ -67,7 +67,7 @@ class ResNetEmbedder(TrunkEmbedder):
 
 WEIGHTS_HINT = (
     "Nothing is downloaded at run time. Save torchvision's ImageNet weights once, on a machine "
-    "with internet access: python -c \"import torch, torchvision; torch.save(torchvision.models."
+    'with internet access: python -c "import torch, torchvision; torch.save(torchvision.models.'
     "resnet50(weights='IMAGENET1K_V1').state_dict(), 'resnet50_imagenet1k_v1.pth')\" "
     "(resnet18 / IMAGENET1K_V1 for depth 18), then put the file where weights_path points "
     "(relative paths start from --data-root)."

@@ -194,11 +194,6 @@ WRITERS = {
     "fastap_inshop.yaml": (write_inshop,),
     "fastap_vehicleid.yaml": (write_vehicleid,),
     "rll_sop.yaml": (write_sop,),
-    "mapq_roxford.yaml": (
-        write_landmarks,
-        lambda root: write_revisited(root, "roxford5k"),
-        lambda root: write_revisited(root, "rparis6k"),
-    ),
 }
 
 
