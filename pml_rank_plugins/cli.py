@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 
 from .config import check, compare, registry, runner, sweep
-from .config.data_root import data_root_override
 from .config.compare import slug
+from .config.data_root import data_root_override
 from .config.registry import UnknownNameError
 from .config.schema import ConfigError
 

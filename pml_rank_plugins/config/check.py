@@ -88,7 +88,7 @@ def check_method(name: str, config: dict, device: str | None = None) -> str:
     for entry in protocols.revisited_entries(cfg):
         query, database = protocols.build_revisited(cfg, entry)
         data += f" {entry['name']} q={len(query)} db={len(database)}"
-    models = " ".join(f"{k}={_short(m)}({_params(m)})" for k, m in exp.models.items())
+    models = " ".join(f"{k}={type(m).__name__}({_params(m)})" for k, m in exp.models.items())
     losses = " ".join(f"{k}={_short(v)}" for k, v in exp.loss_funcs.items())
     miners = " ".join(f"{k}={_short(v)}" for k, v in exp.mining_funcs.items()) or "-"
     optims = " ".join(_optimizer_text(k, o) for k, o in exp.optimizers.items()) or "-"

@@ -221,3 +221,25 @@ def test_missing_weights_file_names_key_and_file(tmp_path):
     text = str(err.value)
     assert "models.trunk.ResNetTrunk" in text and str(tmp_path / "w" / "r18.pth") in text
     assert "Nothing is downloaded" in text
+
+
+def test_compare_table_shows_concatenated_and_separated():
+    from pml_rank_plugins.config import compare
+
+    runs = {
+        name: {
+            f"seed{i}": {
+                "test": {
+                    "concatenated": {"precision_at_1": 0.5 + i / 10 + d},
+                    "separated": {"precision_at_1": 0.4 + i / 10 + d},
+                }
+            }
+            for i in range(2)
+        }
+        for name, d in (("a", 0.0), ("b", 0.05))
+    }
+    summary = compare.summarize(runs)
+    assert summary["metrics"] == ["precision_at_1", "separated precision_at_1"]
+    table = compare.markdown_table(summary)
+    assert "separated P@1" in table and "| P@1" in table
+    assert summary["rows"]["b"]["separated precision_at_1"]["mean"] == pytest.approx(0.5)
