@@ -8,7 +8,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.ranked_list import check_rll_params, ranked_list_terms
-from ..functional.validation import check_finite, prepare_embeddings
+from ..functional.validation import check_finite, prepare_embeddings, validate_indices_tuple
 from .distance_matrix import distance_matrix
 from .pair_masks import pair_masks
 
@@ -108,6 +108,8 @@ class RankedListLoss(BaseMetricLossFunction):
 
     def _compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         emb, ref, is_self = prepare_embeddings(embeddings, ref_emb)
+        # Before anything indexes with them: a negative index would silently wrap around.
+        validate_indices_tuple(indices_tuple, len(emb), len(ref))
         if len(emb) == 0 or len(ref) == 0:
             # Nothing to rank: a zero loss connected to the graph, every query skipped.
             self.num_valid_queries, self.num_skipped_queries = 0, len(emb)

@@ -407,3 +407,44 @@ def test_autocast_bfloat16_finite_and_close_to_float32(gallery_gradient):
     torch.testing.assert_close(loss, ref, rtol=2e-2, atol=1e-2)
     for g, rg in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, rg, rtol=0.1, atol=2e-2)
+
+
+@pytest.mark.parametrize(
+    "indices_tuple, message",
+    [
+        (
+            (torch.tensor([0]), torch.tensor([1]), torch.tensor([0]), torch.tensor([-1])),
+            r"indices_tuple\[3\] \(negatives\) has negative index -1",
+        ),
+        (
+            (torch.tensor([-2]), torch.tensor([1]), torch.tensor([0]), torch.tensor([3])),
+            r"indices_tuple\[0\] \(positive anchors\) has negative index -2",
+        ),
+        (
+            (torch.tensor([0]), torch.tensor([2]), torch.tensor([0]), torch.tensor([40])),
+            r"indices_tuple\[3\] \(negatives\) has index 40 >= 8 reference rows",
+        ),
+        (
+            (torch.tensor([0]), torch.tensor([2]), torch.tensor([9])),
+            r"indices_tuple\[2\] \(negatives\) has index 9 >= 8 reference rows",
+        ),
+    ],
+)
+def test_bad_indices_tuple_raises_naming_the_element(indices_tuple, message):
+    # A negative index used to wrap around silently (the last row taken as the pair's partner).
+    x, labels = embeddings(n=8, seed=25)
+    with pytest.raises(ValueError, match=message):
+        RankedListLoss()(x, labels, indices_tuple)
+
+
+def test_bad_indices_with_miner_weights_raise_before_indexing():
+    x, labels = embeddings(n=8, seed=26)
+    from pml_rank_plugins.miners import WeightedPairs
+
+    i = torch.tensor([0])
+    bad = WeightedPairs(i, torch.tensor([1]), i, torch.tensor([-3]), weights=torch.ones(1))
+    with pytest.raises(ValueError, match=r"indices_tuple\[3\] \(negatives\) has negative"):
+        RankedListLoss()(x, labels, bad)
+    bad = WeightedPairs(i, torch.tensor([1]), torch.tensor([8]), i, weights=torch.ones(1))
+    with pytest.raises(ValueError, match=r"indices_tuple\[2\] \(negative anchors\) has index 8"):
+        RankedListLoss()(x, labels, bad)
