@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -87,6 +87,23 @@ def require_nonempty(path: Path, count: int, what: str = "no entries") -> None:
         raise DatasetFormatError(f"{path}: {what}")
 
 
+class FirstLine:
+    """Remembers the line where each key (an image path, an id) first appeared.
+
+    ``add(path, line_no, key, what)`` raises :class:`DatasetFormatError` naming both lines when
+    ``key`` was seen before: an image listed twice is refused whatever labels the two lines give
+    (with different labels, "last one wins" would silently pick one). O(1) per call.
+    """
+
+    def __init__(self) -> None:
+        self.lines: dict[Hashable, int] = {}
+
+    def add(self, path: Path, line_no: int, key: Hashable, what: str) -> None:
+        first = self.lines.setdefault(key, line_no)
+        if first != line_no:
+            raise format_error(path, line_no, f"{what} is already listed at line {first}")
+
+
 class CategoryTracker:
     """Checks, line by line, that every item of a class has the same category.
 
@@ -97,17 +114,17 @@ class CategoryTracker:
 
     def __init__(self, class_name: str = "class"):
         self.class_name = class_name
-        self.first: dict[int, tuple[int, Path, int]] = {}
+        self.first: dict[int, tuple[Hashable, Path, int]] = {}
 
-    def add(self, path: Path, line_no: int, cls: int, category: int) -> None:
+    def add(self, path: Path, line_no: int, cls: int, category: Hashable) -> None:
         known = self.first.setdefault(cls, (category, path, line_no))
         if known[0] != category:
             where = f"line {known[2]}" if known[1] == path else f"{known[1]}, line {known[2]}"
             raise format_error(
                 path,
                 line_no,
-                f"{self.class_name} {cls} is under category {category} here but under "
-                f"category {known[0]} at {where}; every item of a class must share its category",
+                f"{self.class_name} {cls} is under category {category!r} here but under "
+                f"category {known[0]!r} at {where}; every item of a class must share its category",
             )
 
 

@@ -82,3 +82,16 @@ def test_class_under_two_categories_names_file_and_line(tmp_path):
     write_lines(tmp_path / "Ebay_train.txt", lines)
     with pytest.raises(DatasetFormatError, match=r"Ebay_train.txt, line 4: class_id 1 .*line 2"):
         StanfordOnlineProducts(tmp_path, "train")
+
+
+def test_header_only_is_an_error_not_an_empty_dataset(tmp_path):
+    write_lines(tmp_path / "Ebay_train.txt", [HEADER])
+    with pytest.raises(DatasetFormatError, match=r"Ebay_train.txt: no images listed after the"):
+        StanfordOnlineProducts(tmp_path, "train")
+
+
+def test_image_listed_twice(tmp_path):
+    lines = [HEADER, TRAIN[0], TRAIN[1], "3 2 3 " + TRAIN[0].split()[3]]
+    write_lines(tmp_path / "Ebay_train.txt", lines)
+    with pytest.raises(DatasetFormatError, match=r"line 4: .*already listed at line 2"):
+        StanfordOnlineProducts(tmp_path, "train")
