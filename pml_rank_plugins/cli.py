@@ -4,6 +4,9 @@ pml-rank train CONFIG [--out RUN_DIR] [--method NAME] [--set key=value ...] [--r
 pml-rank eval RUN_DIR [--which best|latest]
 pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--set key=value ...]
 pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to
+
+torchrun --nproc_per_node=R -m pml_rank_plugins.cli train|compare ...   # R processes, one
+    global batch (trainer.batch_size) split over them; see the README's "Scaling" section
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import compare, registry, runner
+from .config import compare, distributed, registry, runner
 from .config.compare import slug
 from .config.registry import UnknownNameError
 from .config.schema import ConfigError
@@ -76,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     except _BadConfig as e:
         print(f"pml-rank: config error: {e}", file=sys.stderr)
         return 2
+    finally:
+        distributed.shutdown()  # under torchrun: the process group runner.train started
 
 
 class _BadConfig(Exception):

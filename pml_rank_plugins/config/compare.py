@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import tqdm
 
-from . import runner
+from . import distributed, runner
 from .schema import load_config, validate
 
 METRIC_LABELS = {
@@ -96,18 +96,22 @@ def run_comparison(
         if resume and done.exists():
             metrics = json.loads(done.read_text())
         else:
-            if not resume and run_dir.exists():
+            if not resume and run_dir.exists() and distributed.is_main_process():
                 shutil.rmtree(run_dir)
+            distributed.barrier()  # under torchrun: every rank trains, rank 0 writes
             metrics = runner.train(cfg, run_dir, resume=resume, device=device)
             metrics["wall_seconds"] = time.perf_counter() - t0
-            done.write_text(json.dumps(metrics, indent=2))
+            if distributed.is_main_process():
+                done.write_text(json.dumps(metrics, indent=2))
         results.setdefault(method, []).append(metrics)
     summary = summarize(results)
     summary["total_wall_seconds"] = time.perf_counter() - t_all
     summary["seeds"] = seeds
-    write_table(summary, out_dir)
-    write_plots(results, out_dir)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if distributed.is_main_process():
+        write_table(summary, out_dir)
+        write_plots(results, out_dir)
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    distributed.barrier()
     return summary
 
 
