@@ -2,7 +2,8 @@
 
 pml-rank train CONFIG [--out RUN_DIR] [--method NAME] [--set key=value ...] [--resume]
 pml-rank eval RUN_DIR [--which best|latest]
-pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--set key=value ...]
+pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--reference NAME] [--jobs K]
+pml-rank sweep CONFIG --method NAME --grid KEY=V1,V2 [--grid ...] [--seeds N] [--out DIR]
 pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to
 
 torchrun --nproc_per_node=R -m pml_rank_plugins.cli train|compare ...   # R processes, one
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import compare, distributed, registry, runner
+from .config import compare, distributed, registry, runner, sweep
 from .config.compare import slug
 from .config.registry import UnknownNameError
 from .config.schema import ConfigError
@@ -56,13 +57,64 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--which", default="best", choices=["best", "latest"])
     e.add_argument("--device", default=None)
 
-    c = sub.add_parser("compare", help="methods x seeds -> table (Markdown, CSV) and plots")
+    def add_stats(sp, what):
+        sp.add_argument(
+            "--reference",
+            default=None,
+            metavar="NAME",
+            help=f"the {what} the others are compared with, paired by seed (default: the first),"
+            + (' e.g. --reference "PML FastAP"' if what == "method" else " e.g. num_bins=10"),
+        )
+        sp.add_argument(
+            "--jobs",
+            type=int,
+            default=1,
+            metavar="K",
+            help="run K trainings at once in worker processes (one GPU each, round robin, when"
+            " several are visible); results equal --jobs 1, e.g. --jobs 2",
+        )
+
+    c = sub.add_parser(
+        "compare", help="methods x seeds -> table with 95%% CIs, paired tests, plots"
+    )
     c.add_argument("configs", nargs="+")
     c.add_argument("--seeds", type=int, default=1, help="number of seeds per method")
     c.add_argument("--out", default="runs/compare")
     c.add_argument("--methods", default=None, help="comma-separated subset of method names")
-    c.add_argument("--resume", action="store_true", help="reuse finished runs, continue others")
+    c.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse finished runs, continue interrupted ones, retry failed ones and rewrite the"
+        " tables (re-summarizes without retraining)",
+    )
+    add_stats(c, "method")
     add_common(c)
+
+    sw = sub.add_parser("sweep", help="one method over a grid of overrides x seeds -> table, plots")
+    sw.add_argument("config", help="config file, e.g. configs/default.yaml")
+    sw.add_argument(
+        "--method",
+        default=None,
+        help='the config\'s method to sweep (needed when it has several), e.g. "plugin FastAP"',
+    )
+    sw.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        required=True,
+        metavar="KEY=V1,V2,...",
+        help="a config key and its values (YAML, like --set); repeat for a Cartesian grid, e.g."
+        " --grid loss_funcs.metric_loss.num_bins=5,10,20 --grid trainer.batch_size=32,64",
+    )
+    sw.add_argument(
+        "--seeds", type=int, default=1, help="seeds per cell (the same for every cell), e.g. 3"
+    )
+    sw.add_argument("--out", default="runs/sweep", help="output folder, e.g. runs/bins")
+    sw.add_argument(
+        "--resume", action="store_true", help="skip finished runs, continue interrupted ones"
+    )
+    add_stats(sw, "cell")
+    add_common(sw)
 
     ls = sub.add_parser("list", help="list resolvable names")
     ls.add_argument("substring", nargs="?", default="")
@@ -108,7 +160,10 @@ def _run(args) -> int:
         print(json.dumps(runner.evaluate(args.run_dir, args.which, args.device), indent=2))
     elif args.command == "compare":
         methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
-        _load(compare.collect_methods, args.configs, args.overrides, methods)  # fail fast
+        configs = _load(compare.collect_methods, args.configs, args.overrides, methods)
+        if args.reference is not None and args.reference not in configs:
+            raise _BadConfig(f"--reference {args.reference!r}: not one of {list(configs)}")
+        _load(compare.check_configs, configs)  # fail fast, before the first run
         summary = compare.run_comparison(
             args.configs,
             args.out,
@@ -117,13 +172,47 @@ def _run(args) -> int:
             methods=methods,
             resume=args.resume,
             device=args.device,
+            reference=args.reference,
+            jobs=args.jobs,
         )
         print(compare.markdown_table(summary))
         print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
+        return _report_failures(summary)
+    elif args.command == "sweep":
+        _load(
+            sweep.prepare_sweep, args.config, args.method, args.grid, args.overrides, args.reference
+        )
+        summary = sweep.run_sweep(
+            args.config,
+            args.method,
+            args.grid,
+            args.out,
+            seeds=args.seeds,
+            overrides=args.overrides,
+            resume=args.resume,
+            reference=args.reference,
+            device=args.device,
+            jobs=args.jobs,
+        )
+        print(compare.markdown_table(summary, "cell"))
+        print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
+        return _report_failures(summary)
     elif args.command == "list":
         for name, target in sorted(registry.all_names().items()):
             if args.substring.lower() in name.lower():
                 print(f"{name:40s} {target}")
+    return 0
+
+
+def _report_failures(summary: dict) -> int:
+    """Exit status 1 when any run failed (the others completed and are in the tables)."""
+    failed = summary.get("failed") or []
+    if failed:
+        print(
+            f"pml-rank: {len(failed)} run(s) failed; see the table and summary.json",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
