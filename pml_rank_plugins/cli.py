@@ -155,7 +155,8 @@ def _run(args) -> int:
         for name, cfg in configs.items():
             run_dir = out if len(configs) == 1 else out / slug(name)
             metrics = runner.train(cfg, run_dir, resume=args.resume, device=args.device)
-            print(json.dumps({"run_dir": str(run_dir), "test": metrics.get("test")}, indent=2))
+            if distributed.is_main_process():  # torchrun: one report, from rank 0
+                print(json.dumps({"run_dir": str(run_dir), "test": metrics.get("test")}, indent=2))
     elif args.command == "eval":
         print(json.dumps(runner.evaluate(args.run_dir, args.which, args.device), indent=2))
     elif args.command == "compare":
@@ -175,8 +176,9 @@ def _run(args) -> int:
             reference=args.reference,
             jobs=args.jobs,
         )
-        print(compare.markdown_table(summary))
-        print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
+        if distributed.is_main_process():  # torchrun: one report, from rank 0
+            print(compare.markdown_table(summary))
+            print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
         return _report_failures(summary)
     elif args.command == "sweep":
         _load(
