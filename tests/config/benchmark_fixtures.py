@@ -194,6 +194,11 @@ WRITERS = {
     "fastap_inshop.yaml": (write_inshop,),
     "fastap_vehicleid.yaml": (write_vehicleid,),
     "rll_sop.yaml": (write_sop,),
+    "mapq_roxford.yaml": (
+        write_landmarks,
+        write_revisited,
+        lambda root: write_revisited(root, "rparis6k"),
+    ),
 }
 
 
