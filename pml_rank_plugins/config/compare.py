@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import tqdm
 
-from . import registry, runner, statistics
+from . import distributed, registry, runner, statistics
 from .schema import (
     ConfigError,
     apply_set,
@@ -187,9 +187,12 @@ def run_job(job: Job, resume: bool, device: str | None = None) -> dict:
     done = run_dir / "metrics.json"
     if resume and done.exists():
         return json.loads(done.read_text())
-    if not resume and run_dir.exists():
+    main = distributed.is_main_process()  # under torchrun every rank trains, rank 0 writes
+    if not resume and run_dir.exists() and main:
         shutil.rmtree(run_dir)
-    (run_dir / FAILED_FILE).unlink(missing_ok=True)
+    if main:
+        (run_dir / FAILED_FILE).unlink(missing_ok=True)
+    distributed.barrier()
     t0 = time.perf_counter()
     try:
         dev = job_device(job.config, device, _WORKER_SLOT)
@@ -204,11 +207,14 @@ def run_job(job: Job, resume: bool, device: str | None = None) -> dict:
             "wall_seconds": time.perf_counter() - t0,
         }
         LOGGER.error("run %s/%s failed: %s", job.name, job.run_id, record["error"])
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / FAILED_FILE).write_text(json.dumps(record, indent=2))
+        if main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / FAILED_FILE).write_text(json.dumps(record, indent=2))
         return record
     metrics["wall_seconds"] = time.perf_counter() - t0
-    done.write_text(json.dumps(metrics, indent=2))
+    if main:
+        done.write_text(json.dumps(metrics, indent=2))
+    distributed.barrier()
     return metrics
 
 
@@ -223,6 +229,8 @@ def execute(
     """
     if n_jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {n_jobs}")
+    if n_jobs > 1 and distributed.world_size() > 1:
+        raise ValueError("--jobs > 1 cannot be combined with torchrun; use one or the other")
     results: dict[str, dict[str, dict]] = {}
     for job in jobs:
         results.setdefault(job.name, {})[job.run_id] = {}
@@ -287,9 +295,11 @@ def run_comparison(
     summary["total_wall_seconds"] = time.perf_counter() - t_all
     summary["seeds"] = seeds
     summary["jobs"] = jobs
-    if pictures:
-        summary["pictures"] = write_pictures(results, all_jobs, device)
-    write_outputs(summary, results, out_dir)
+    if distributed.is_main_process():  # under torchrun: rank 0 writes
+        if pictures:
+            summary["pictures"] = write_pictures(results, all_jobs, device)
+        write_outputs(summary, results, out_dir)
+    distributed.barrier()
     return summary
 
 
