@@ -14,6 +14,7 @@ from ..functional.soft_histogram import pair_categories
 from ..functional.validation import (
     check_finite,
     check_int,
+    normalize_rows,
     prepare_embeddings,
     validate_indices_tuple,
 )
@@ -31,8 +32,9 @@ def euclidean_embeddings(distance, embeddings, ref_emb, is_self: bool, gallery_g
 
     Only a plain ``LpDistance(p=2, power=1)`` (PML's default for RLL, normalized or not) takes
     the chunked path; subclasses and every other distance object are computed by calling them.
-    The embeddings are normalized by the distance object itself and its stats recorded, as a
-    PML distance call would. ``refs`` is detached unless ``gallery_gradient``; with ``is_self``
+    The embeddings are normalized with the shared
+    :func:`~pml_rank_plugins.functional.validation.normalize_rows` when the distance normalizes,
+    and the distance's stats recorded, as a PML distance call would. ``refs`` is detached unless ``gallery_gradient``; with ``is_self``
     it is the normalized batch itself (so gradient through it reaches the same rows).
     """
     if type(distance) is not LpDistance or distance.p != 2 or distance.power != 1:
@@ -40,11 +42,14 @@ def euclidean_embeddings(distance, embeddings, ref_emb, is_self: bool, gallery_g
     distance.reset_stats()
     gallery = ref_emb if gallery_gradient else ref_emb.detach()
     distance.check_shapes(embeddings, gallery)
-    queries = distance.maybe_normalize(embeddings)
+    # The package's shared normalization (F.normalize's values, no overflow for huge rows, zero
+    # gradient for zero rows), as distance_matrix() uses for the dense path.
+    normalize = normalize_rows if distance.normalize_embeddings else (lambda rows: rows)
+    queries = normalize(embeddings)
     if is_self:
         refs = queries if gallery_gradient else queries.detach()
     else:
-        refs = distance.maybe_normalize(gallery)
+        refs = normalize(gallery)
     distance.set_default_stats(embeddings, gallery, queries, refs)
     return queries, refs
 
