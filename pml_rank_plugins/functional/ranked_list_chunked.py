@@ -164,8 +164,8 @@ def _inverse(total: torch.Tensor) -> torch.Tensor:
 
 # A chunk whose mined pairs are at most this fraction of its pairs keeps them as a sparse list
 # (row, column: int32; coefficient) for the backward, 12-16 bytes per mined pair, i.e. at most
-# 1 byte per pair of the chunk; a denser chunk is recomputed in the backward instead.
-SPARSE_FRACTION = 1 / 16
+# half a byte per pair of the chunk; a denser chunk is recomputed in the backward instead.
+SPARSE_FRACTION = 1 / 32
 
 
 class _ChunkedRankedList(torch.autograd.Function):
@@ -227,25 +227,27 @@ class _ChunkedRankedList(torch.autograd.Function):
             return grad_q, grad_r, None, None, None, None
         # dd_ij/dq_i = (q_i - r_j) / d_ij, so with c_ij = g_i dL_i/dd_ij / d_ij:
         # grad_q = q * sum_j c - c R and grad_r = r * sum_i c - c^T Q.
-        if sparse:
-            row = torch.cat([s[0] for s in sparse]).long()
-            col = torch.cat([s[1] for s in sparse]).long()
-            val = torch.cat([s[2] for s in sparse]) * grad_loss[row]
+        # Sparse chunks: two sparse products per chunk, temporaries O(mined pairs of a chunk).
+        col_sum = refs.new_zeros(m) if need_r else None
+        for start, row, col, val in sparse:
+            stop = min(start + chunk_rows, n)
+            row, col = row.long(), col.long()
+            val = val * grad_loss[start:stop][row]
             coef = torch.sparse_coo_tensor(
-                torch.stack([row, col]), val, (n, m), check_invariants=False
+                torch.stack([row, col]), val, (stop - start, m), check_invariants=False
             )
+            q = queries[start:stop]
             if need_q:
-                grad_q.addcmul_(queries, _segment_sum(val, row, n).unsqueeze(1))
-                grad_q.sub_(torch.sparse.mm(coef, refs))
+                grad_q[start:stop].addcmul_(q, _segment_sum(val, row, stop - start).unsqueeze(1))
+                grad_q[start:stop].sub_(torch.sparse.mm(coef, refs))
             if need_r:
-                grad_r.addcmul_(refs, _segment_sum(val, col, m).unsqueeze(1))
-                grad_r.sub_(torch.sparse.mm(coef.t(), queries))
+                col_sum.index_add_(0, col, val)
+                grad_r.sub_(torch.sparse.mm(coef.t(), q))
         if dense_starts:
             scale_pos = grad_loss * inv_zp
             scale_neg = grad_loss * inv_zn * params.lam
             ref_sq = (refs * refs).sum(1).unsqueeze(0)
             ws = _Workspace(min(chunk_rows, n), m, queries)
-            col_sum = refs.new_zeros(m) if need_r else None
             for start in dense_starts:
                 stop = min(start + chunk_rows, n)
                 q = queries[start:stop]
@@ -260,8 +262,8 @@ class _ChunkedRankedList(torch.autograd.Function):
                 if need_r:
                     col_sum.add_(coef.sum(0))
                     grad_r.addmm_(coef.T, q, alpha=-1.0)
-            if need_r:
-                grad_r.addcmul_(refs, col_sum.unsqueeze(1))
+        if need_r:
+            grad_r.addcmul_(refs, col_sum.unsqueeze(1))
         return grad_q, grad_r, None, None, None, None
 
 
@@ -280,7 +282,7 @@ def _dense_chunk_sums(dist, pos, neg, neg_source, params, ws, start):
 
 def _sparse_chunk(dist, pos, mined, neg_source, params, ws, start):
     """Per-row sums of a chunk from its list of mined pairs, and that list with each pair's
-    backward coefficient ``dL_i/dd_ij / d_ij`` (row indices global, int32)."""
+    backward coefficient ``dL_i/dd_ij / d_ij``: ``(start, local rows, columns, coefficients)``."""
     rows = len(dist)
     row, col = mined.nonzero(as_tuple=True)
     d, is_pos = dist[row, col], pos[row, col]
@@ -309,7 +311,8 @@ def _sparse_chunk(dist, pos, mined, neg_source, params, ws, start):
     c_neg = e_neg.mul_(_inverse(z_neg)[rn]).mul_(-params.lam).div_(dn)
     c_neg.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     stored = (
-        torch.cat([rp, rn]).add_(start).int(),
+        start,
+        torch.cat([rp, rn]).int(),
         torch.cat([col[is_pos], cn]).int(),
         torch.cat([c_pos, c_neg]),
     )
