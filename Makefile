@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/pml-rank compare configs/default.yaml --out runs/default
+	$(VENV)/bin/pml-rank compare configs/default.yaml --seeds 3 --out runs/default
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q
