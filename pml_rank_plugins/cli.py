@@ -5,6 +5,9 @@ pml-rank eval RUN_DIR [--which best|latest]
 pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--reference NAME] [--jobs K]
 pml-rank sweep CONFIG --method NAME --grid KEY=V1,V2 [--grid ...] [--seeds N] [--out DIR]
 pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to
+
+torchrun --nproc_per_node=R -m pml_rank_plugins.cli train|compare ...   # R processes, one
+    global batch (trainer.batch_size) split over them; see the README's "Scaling" section
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import compare, registry, runner, sweep
+from .config import compare, distributed, registry, runner, sweep
 from .config.compare import slug
 from .config.registry import UnknownNameError
 from .config.schema import ConfigError
@@ -128,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     except _BadConfig as e:
         print(f"pml-rank: config error: {e}", file=sys.stderr)
         return 2
+    finally:
+        distributed.shutdown()  # under torchrun: the process group runner.train started
 
 
 class _BadConfig(Exception):
@@ -150,7 +155,8 @@ def _run(args) -> int:
         for name, cfg in configs.items():
             run_dir = out if len(configs) == 1 else out / slug(name)
             metrics = runner.train(cfg, run_dir, resume=args.resume, device=args.device)
-            print(json.dumps({"run_dir": str(run_dir), "test": metrics.get("test")}, indent=2))
+            if distributed.is_main_process():  # torchrun: one report, from rank 0
+                print(json.dumps({"run_dir": str(run_dir), "test": metrics.get("test")}, indent=2))
     elif args.command == "eval":
         print(json.dumps(runner.evaluate(args.run_dir, args.which, args.device), indent=2))
     elif args.command == "compare":
@@ -170,8 +176,9 @@ def _run(args) -> int:
             reference=args.reference,
             jobs=args.jobs,
         )
-        print(compare.markdown_table(summary))
-        print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
+        if distributed.is_main_process():  # torchrun: one report, from rank 0
+            print(compare.markdown_table(summary))
+            print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
         return _report_failures(summary)
     elif args.command == "sweep":
         _load(

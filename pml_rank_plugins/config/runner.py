@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from pytorch_metric_learning.utils import logging_presets
 
-from . import builder
+from . import builder, distributed
 from .schema import dump_yaml, load_yaml, validate
 
 LOGGER = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ def make_checkpoint(exp: builder.Experiment, epoch: int, history: list, best: di
         "mining_funcs": _state_dicts(exp.mining_funcs),
         "sampler": sampler_state(sampler),
         "rng": rng_state(),
+        "extra": _state_dicts({k: v for k, v in exp.extra.items() if v is not None}),
         "history": history,
         "best": best,
     }
@@ -142,6 +143,7 @@ def restore_checkpoint(exp: builder.Experiment, ckpt: dict) -> None:
     _load_state_dicts(exp.loss_funcs, ckpt["loss_funcs"])
     _load_state_dicts(exp.mining_funcs, ckpt["mining_funcs"])
     load_sampler_state(exp.sampler, ckpt.get("sampler"))
+    _load_state_dicts(exp.extra, ckpt.get("extra", {}))  # e.g. the float16 GradScaler
     set_rng_state(ckpt["rng"])
 
 
@@ -222,21 +224,26 @@ def train(
         config = load_yaml(saved_cfg)
     config = plain(config)
     validate(config)
-    resuming = resume and ckpt_path.exists()
-    if resume and not resuming:
+    # torchrun: one process per device; only rank 0 writes files and evaluates
+    ctx = distributed.setup(device or config.get("device"))
+    main = ctx.is_main
+    resuming = distributed.broadcast_object(resume and ckpt_path.exists())
+    if resume and not resuming and main:
         LOGGER.warning("--resume: no checkpoint in %s; starting from scratch", run_dir)
-    if not resuming:  # a fresh run must not append to an older run's logs
+    if not resuming and main:  # a fresh run must not append to an older run's logs
         for stale in ("logs", "tensorboard", "checkpoints"):
             shutil.rmtree(run_dir / stale, ignore_errors=True)
         for stale in ("metrics.json", "eval.json"):
             (run_dir / stale).unlink(missing_ok=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
     if resuming and saved_cfg.exists() and load_yaml(saved_cfg) != config:
         raise ValueError(f"--resume: config differs from {saved_cfg}; resume with the same config")
-    dump_yaml(config, saved_cfg)
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_yaml(config, saved_cfg)
+    distributed.barrier()
 
     t0 = time.perf_counter()
-    exp = builder.build_experiment(config, device)
+    exp = builder.build_experiment(config, ctx.device)
     ev = builder.eval_settings(config)
     val_entries, test_entries = list(ev["validation"] or []), list(ev["test"] or [])
     val_entries = [e for e in val_entries if _split_name(e) in exp.datasets]
@@ -247,16 +254,20 @@ def train(
     best = {"epoch": None, "value": None}
     start_epoch, stopped_early = 1, False
     if resuming:
-        ckpt = load_checkpoint(ckpt_path)
+        ckpt = distributed.broadcast_object(load_checkpoint(ckpt_path) if main else None)
         restore_checkpoint(exp, ckpt)
         history, best = ckpt["history"], ckpt["best"]
         stopped_early = bool(ckpt.get("stopped_early", False))
         start_epoch = exp.num_epochs + 1 if stopped_early else ckpt["epoch"] + 1
         LOGGER.info("resuming %s at epoch %d", run_dir, start_epoch)
 
-    record_keeper, tb_writer, hooks = make_logging(run_dir, primary, val_split, resuming)
-    tester = builder.build_tester(config, exp.device, hooks.end_of_testing_hook)
-    trainer = builder.make_trainer(exp, end_of_iteration_hook=hooks.end_of_iteration_hook)
+    record_keeper = tb_writer = tester = None
+    if main:
+        record_keeper, tb_writer, hooks = make_logging(run_dir, primary, val_split, resuming)
+        tester = builder.build_tester(config, exp.device, hooks.end_of_testing_hook)
+    trainer = builder.make_trainer(
+        exp, end_of_iteration_hook=hooks.end_of_iteration_hook if main else None
+    )
 
     for epoch in range(start_epoch, exp.num_epochs + 1):
         if hasattr(exp.sampler, "set_epoch"):
@@ -264,15 +275,19 @@ def train(
         trainer.train(start_epoch=epoch, num_epochs=epoch)
         row: dict[str, Any] = {"epoch": epoch}
         if val_entries and (epoch % int(ev["test_interval"]) == 0 or epoch == exp.num_epochs):
-            row["validation"] = run_eval(tester, exp, val_entries, epoch)
+            row["validation"] = distributed.broadcast_object(
+                run_eval(tester, exp, val_entries, epoch) if main else None
+            )
+            distributed.sync_rng_state(rng_state, set_rng_state)
             value = row["validation"][val_split].get(primary)
             trainer.step_lr_plateau_schedulers(value)
             if value is not None and (best["value"] is None or value > best["value"]):
                 best = {"epoch": epoch, "value": value}
-                atomic_torch_save(
-                    {"epoch": epoch, "models": _state_dicts(exp.models)},
-                    run_dir / "checkpoints" / "best.pt",
-                )
+                if main:
+                    atomic_torch_save(
+                        {"epoch": epoch, "models": _state_dicts(exp.models)},
+                        run_dir / "checkpoints" / "best.pt",
+                    )
         history.append(row)
         if record_keeper is not None:
             record_keeper.save_records()
@@ -280,23 +295,26 @@ def train(
         if patience is not None and best["epoch"] is not None and epoch - best["epoch"] > patience:
             LOGGER.info("validation %s plateaued for %d epochs; stopping", primary, patience)
             stopped_early = True
-        ckpt = make_checkpoint(exp, epoch, history, best)
-        ckpt["stopped_early"] = stopped_early
-        atomic_torch_save(ckpt, ckpt_path)
+        if main:
+            ckpt = make_checkpoint(exp, epoch, history, best)
+            ckpt["stopped_early"] = stopped_early
+            atomic_torch_save(ckpt, ckpt_path)
         if stopped_early:
             break
         if stop_after_epoch is not None and epoch >= stop_after_epoch and epoch < exp.num_epochs:
             if tb_writer is not None:
                 tb_writer.close()
+            distributed.barrier()
             return {"interrupted_after_epoch": epoch, "history": history, "best": best}
 
     # Final test: the best validation epoch's weights (the last epoch's without validation).
-    if best["epoch"] is not None:
+    if best["epoch"] is not None and main:
         _load_state_dicts(
             exp.models, load_checkpoint(run_dir / "checkpoints" / "best.pt")["models"]
         )
     final_epoch = best["epoch"] if best["epoch"] is not None else history[-1]["epoch"]
-    test = run_eval(tester, exp, test_entries, final_epoch) if test_entries else {}
+    test = run_eval(tester, exp, test_entries, final_epoch) if test_entries and main else {}
+    test = distributed.broadcast_object(test)
     if not test and val_entries and best["epoch"] is not None:
         test = next(h["validation"] for h in history if h["epoch"] == best["epoch"])
     if record_keeper is not None:
@@ -312,8 +330,11 @@ def train(
         "history": history,
         "test": test,
         "train_seconds_this_call": time.perf_counter() - t0,
+        "run_info": distributed.run_info(ctx, exp.extra.get("amp")),
     }
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    if main:
+        (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    distributed.barrier()
     return metrics
 
 

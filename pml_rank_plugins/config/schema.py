@@ -264,6 +264,6 @@ def validate(config: dict) -> dict:
 
 
 # Keywords the runner consumes itself (not passed to the class).
-RUNNER_KWARGS = {"trainer": ("num_epochs",)}
+RUNNER_KWARGS = {"trainer": ("num_epochs", "amp")}
 # Keys of ``split:`` other than the split function spec.
 SPLIT_KEYS = ("names", "query_gallery")
