@@ -186,7 +186,9 @@ def run_job(job: Job, resume: bool, device: str | None = None) -> dict:
     run_dir = job.run_dir
     done = run_dir / "metrics.json"
     if resume and done.exists():
-        return json.loads(done.read_text())
+        metrics = json.loads(done.read_text())
+        if metrics.get("status") != "failed":  # runner.train records failures there too
+            return metrics
     main = distributed.is_main_process()  # under torchrun every rank trains, rank 0 writes
     if not resume and run_dir.exists() and main:
         shutil.rmtree(run_dir)
@@ -314,7 +316,7 @@ def write_pictures(results: dict, jobs: Sequence[Job], device: str | None) -> di
     out = {}
     for name, by_run in results.items():
         job = next(
-            (j for j in jobs if j.name == name and not by_run.get(j.run_id, {}).get("failed")),
+            (j for j in jobs if j.name == name and not is_failed(by_run.get(j.run_id, {}))),
             None,
         )
         if job is None:
@@ -339,6 +341,11 @@ def write_outputs(summary: dict, results: dict, out_dir: Path, stem: str = "comp
 
 
 # --------------------------------------------------------------------------- statistics
+
+
+def is_failed(m: dict) -> bool:
+    """A failure record of :func:`run_job` or a ``metrics.json`` the runner marked failed."""
+    return bool(m.get("failed")) or m.get("status") == "failed"
 
 
 def _test_metrics(m: dict) -> dict:
@@ -378,7 +385,7 @@ def summarize(
         for rid, m in by_run.items():
             if rid not in run_ids:
                 run_ids.append(rid)
-            if m.get("failed"):
+            if is_failed(m):
                 failed.append({label: name, "run_id": rid, "error": m.get("error", "?")})
                 continue
             ok[name][rid] = _test_metrics(m)
@@ -392,7 +399,7 @@ def summarize(
     rows = {}
     for name, by_run in results.items():
         row = dict(stats["stats"][name])
-        good = [m for m in by_run.values() if not m.get("failed")]
+        good = [m for m in by_run.values() if not is_failed(m)]
         secs = [
             float(m.get("wall_seconds", m.get("train_seconds_this_call", np.nan))) for m in good
         ]
@@ -401,11 +408,11 @@ def summarize(
             "values": secs,
         }
         row["best_epoch"] = {
-            rid: m.get("best", {}).get("epoch") for rid, m in by_run.items() if not m.get("failed")
+            rid: m.get("best", {}).get("epoch") for rid, m in by_run.items() if not is_failed(m)
         }
         row["n_runs"] = len(by_run)
         row["n_failed"] = len(by_run) - len(good)
-        row["failed"] = {rid: m.get("error", "?") for rid, m in by_run.items() if m.get("failed")}
+        row["failed"] = {rid: m.get("error", "?") for rid, m in by_run.items() if is_failed(m)}
         rows[name] = row
     return {
         "label": label,
@@ -430,10 +437,10 @@ def load_run_dirs(out_dir: str | Path) -> dict[str, dict[str, dict]]:
     out_dir = Path(out_dir)
     found: dict[str, dict[str, dict]] = {}
     for run_dir in sorted(p.parent for p in out_dir.glob("*/*/config.yaml")):
-        if (run_dir / "metrics.json").exists():
-            m = json.loads((run_dir / "metrics.json").read_text())
-        elif (run_dir / FAILED_FILE).exists():
+        if (run_dir / FAILED_FILE).exists():  # written after the runner's metrics.json
             m = json.loads((run_dir / FAILED_FILE).read_text())
+        elif (run_dir / "metrics.json").exists():
+            m = json.loads((run_dir / "metrics.json").read_text())
         else:
             continue  # interrupted: neither finished nor failed
         name = m.get("name") or run_dir.parent.name
@@ -629,8 +636,7 @@ def write_plots(results: dict, out_dir: Path, summary: dict | None = None) -> li
 
     primary = (summary or {}).get("primary_metric", DEFAULT_PRIMARY)
     ok = {
-        name: [m for m in by_run.values() if not m.get("failed")]
-        for name, by_run in results.items()
+        name: [m for m in by_run.values() if not is_failed(m)] for name, by_run in results.items()
     }
     paths = []
     fig, ax = plt.subplots(figsize=(7, 4.5))

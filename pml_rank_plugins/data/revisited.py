@@ -18,16 +18,25 @@ NAMES = ("roxford5k", "rparis6k")
 SPLITS = ("query", "database")
 GROUND_TRUTH_LISTS = ("easy", "hard", "junk")
 
-# Globals a ground-truth pickle may name: numpy arrays and scalars (the published files hold
-# plain lists, dicts and numbers). Anything else is refused, so that loading a pickle cannot
-# run arbitrary code.
+# Globals a ground-truth pickle may name: what numpy arrays and scalars need under pickle
+# protocols 2-5 (numpy 1.x and 2.x module names; ``_codecs.encode`` and ``bytes`` rebuild byte
+# strings in protocol 2, ``__builtin__`` being Python 2's name of ``builtins``).
+# Anything else is refused, so that loading a pickle cannot run arbitrary code.
 _ALLOWED_GLOBALS = {
     ("numpy", "ndarray"),
     ("numpy", "dtype"),
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "scalar"),
+    ("_codecs", "encode"),
+    ("builtins", "bytes"),
+    ("__builtin__", "bytes"),
+    *(
+        (f"numpy.{core}.{module}", name)
+        for core in ("core", "_core")
+        for module, name in (
+            ("multiarray", "_reconstruct"),
+            ("multiarray", "scalar"),
+            ("numeric", "_frombuffer"),
+        )
+    ),
 }
 
 

@@ -11,6 +11,7 @@ import torch
 
 from pml_rank_plugins.config.revisited import revisited_evaluate
 from pml_rank_plugins.data import DatasetFormatError, RevisitedOxfordParis
+from pml_rank_plugins.data.revisited import load_ground_truth
 
 from .fixtures import write_jpeg
 
@@ -177,3 +178,19 @@ def test_corrupt_query_image_names_the_file(tmp_path):
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(DatasetFormatError, match=re.escape(str(path))):
         RevisitedOxfordParis(root)[0]
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_ground_truth_with_numpy_arrays_loads_under_every_pickle_protocol(tmp_path, protocol):
+    truth = ground_truth()
+    truth["gnd"] = [
+        {k: np.asarray(v, dtype=np.float64 if k == "bbx" else np.int64) for k, v in q.items()}
+        for q in truth["gnd"]
+    ]
+    truth["gnd"][0]["bbx"] = truth["gnd"][0]["bbx"].astype(np.float32)
+    make_tree(tmp_path, images=False)
+    path = tmp_path / "roxford5k" / "gnd_roxford5k.pkl"
+    path.write_bytes(pickle.dumps(truth, protocol=protocol))
+    gnd = load_ground_truth(path)["gnd"]
+    assert gnd[0]["junk"].tolist() == [1] and gnd[1]["hard"].tolist() == [2]
+    assert gnd[1]["bbx"] == (0.0, 0.0, 8.0, 6.0)
