@@ -2,7 +2,8 @@
 
 pml-rank train CONFIG [--out RUN_DIR] [--method NAME] [--set key=value ...] [--resume|--overwrite]
 pml-rank eval RUN_DIR [--which best|latest]
-pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--set key=value ...]
+pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--reference NAME] [--jobs K]
+pml-rank sweep CONFIG --method NAME --grid KEY=V1,V2 [--grid ...] [--seeds N] [--out DIR]
 pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to
 
 CONFIG is a YAML file or the name of a shipped config (``default``, ``omniglot``); a file wins.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import compare, registry, runner
+from .config import compare, registry, runner, sweep
 from .config.compare import slug
 from .config.faults import NonFiniteError
 from .config.registry import UnknownNameError
@@ -117,9 +118,27 @@ def _parser() -> argparse.ArgumentParser:
         "--device", default=None, help="torch device, e.g. --device cuda:0 (default: cpu)"
     )
 
+    def add_stats(sp, what):
+        sp.add_argument(
+            "--reference",
+            default=None,
+            metavar="NAME",
+            help=f"the {what} the others are compared with, paired by seed (default: the first),"
+            + (' e.g. --reference "PML FastAP"' if what == "method" else " e.g. num_bins=10"),
+        )
+        sp.add_argument(
+            "--jobs",
+            type=int,
+            default=1,
+            metavar="K",
+            help="run K trainings at once in worker processes (one GPU each, round robin, when"
+            " several are visible); results equal --jobs 1, e.g. --jobs 2",
+        )
+
     c = sub.add_parser(
         "compare",
-        help="methods x seeds -> table (Markdown, CSV) and plots, e.g. pml-rank compare default",
+        help="methods x seeds -> table with 95%% CIs, paired tests, plots, e.g. "
+        "pml-rank compare default",
     )
     c.add_argument(
         "configs",
@@ -133,9 +152,47 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help='comma-separated subset of method names, e.g. --methods "PML FastAP,plugin FastAP"',
     )
-    c.add_argument("--resume", action="store_true", help="reuse finished runs, continue others")
+    c.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse finished runs, continue interrupted ones, retry failed ones and rewrite the"
+        " tables (re-summarizes without retraining)",
+    )
     add_overwrite(c)
+    add_stats(c, "method")
     add_common(c)
+
+    sw = sub.add_parser(
+        "sweep",
+        help="one method over a grid of overrides x seeds -> table, plots, e.g. "
+        'pml-rank sweep default --method "plugin FastAP" --grid trainer.batch_size=32,64',
+    )
+    sw.add_argument(
+        "config", help="config file or shipped config name, e.g. configs/default.yaml or default"
+    )
+    sw.add_argument(
+        "--method",
+        default=None,
+        help='the config\'s method to sweep (needed when it has several), e.g. "plugin FastAP"',
+    )
+    sw.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        required=True,
+        metavar="KEY=V1,V2,...",
+        help="a config key and its values (YAML, like --set); repeat for a Cartesian grid, e.g."
+        " --grid loss_funcs.metric_loss.num_bins=5,10,20 --grid trainer.batch_size=32,64",
+    )
+    sw.add_argument(
+        "--seeds", type=int, default=1, help="seeds per cell (the same for every cell), e.g. 3"
+    )
+    sw.add_argument("--out", default="runs/sweep", help="output folder, e.g. runs/bins")
+    sw.add_argument(
+        "--resume", action="store_true", help="skip finished runs, continue interrupted ones"
+    )
+    add_stats(sw, "cell")
+    add_common(sw)
 
     ls = sub.add_parser("list", help="list resolvable names, e.g. pml-rank list FastAP")
     ls.add_argument(
@@ -222,7 +279,10 @@ def _run(args) -> int:
     elif args.command == "compare":
         methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
         paths = _config_paths(args.configs)
-        _load(compare.collect_methods, paths, args.overrides, methods)  # fail fast
+        configs = _load(compare.collect_methods, paths, args.overrides, methods)
+        if args.reference is not None and args.reference not in configs:
+            raise _BadConfig(f"--reference {args.reference!r}: not one of {list(configs)}")
+        _load(compare.check_configs, configs)  # fail fast, before the first run
         summary = compare.run_comparison(
             paths,
             args.out,
@@ -231,10 +291,31 @@ def _run(args) -> int:
             methods=methods,
             resume=args.resume,
             device=args.device,
+            reference=args.reference,
+            jobs=args.jobs,
             **_overwrite_kwarg(args),
         )
         print(compare.markdown_table(summary))
         print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
+        return _report_failures(summary)
+    elif args.command == "sweep":
+        (path,) = _config_paths([args.config])
+        _load(sweep.prepare_sweep, path, args.method, args.grid, args.overrides, args.reference)
+        summary = sweep.run_sweep(
+            path,
+            args.method,
+            args.grid,
+            args.out,
+            seeds=args.seeds,
+            overrides=args.overrides,
+            resume=args.resume,
+            reference=args.reference,
+            device=args.device,
+            jobs=args.jobs,
+        )
+        print(compare.markdown_table(summary, "cell"))
+        print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
+        return _report_failures(summary)
     elif args.command == "list":
         _list(args.substring)
     return 0
@@ -255,6 +336,18 @@ def _list(substring: str) -> None:
     for name, target in registry.listing():
         if needle in name.lower() or needle in target.lower():
             print(f"{name:40s} {target}")
+
+
+def _report_failures(summary: dict) -> int:
+    """Exit status 1 when any run failed (the others completed and are in the tables)."""
+    failed = summary.get("failed") or []
+    if failed:
+        print(
+            f"pml-rank: {len(failed)} run(s) failed; see the table and summary.json",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

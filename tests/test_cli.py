@@ -49,13 +49,13 @@ def test_compare_writes_table_csv_plots_and_runs(tmp_path, config_file, capsys):
     )
     assert rc == 0
     table = (out / "comparison.md").read_text()
-    assert "| method | P@1 | RP | MAP@R | R@1 | R@2 | R@4 | time/run (s) |" in table
+    assert "| method | n | P@1 | RP | MAP@R | R@1 | R@2 | R@4 | time/run (s) |" in table
     assert "PML Contrastive" in table and "PML Triplet + miner" in table
     assert "MultiSimilarity" not in table
     assert table in capsys.readouterr().out
     rows = list(csv.DictReader(open(out / "comparison.csv")))
     assert [r["method"] for r in rows] == ["PML Contrastive", "PML Triplet + miner"]
-    assert all(r["n_seeds"] == "2" for r in rows)
+    assert all(r["n_runs"] == "2" and r["n_failed"] == "0" for r in rows)
     for png in ("val_map_at_r.png", "recall_at_k.png"):
         assert (out / png).stat().st_size > 1000
     summary = json.loads((out / "summary.json").read_text())

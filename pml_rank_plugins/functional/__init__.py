@@ -10,10 +10,22 @@ from .ranked_list import (
     ranked_list_terms,
 )
 from .soft_histogram import PairHistogram, pair_categories, pair_histograms
-from .validation import check_finite, compute_dtype, prepare_embeddings
+from .validation import (
+    check_embedding_shape,
+    check_finite,
+    check_int,
+    check_labels,
+    compute_dtype,
+    prepare_embeddings,
+    validate_indices_tuple,
+)
 
 __all__ = [
+    "check_embedding_shape",
     "check_finite",
+    "check_int",
+    "check_labels",
+    "validate_indices_tuple",
     "compute_dtype",
     "prepare_embeddings",
     "euclidean_distances",

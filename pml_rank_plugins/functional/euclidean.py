@@ -25,7 +25,8 @@ class _EuclideanDistances(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, y, d = ctx.saved_tensors
-        c = (grad / d).masked_fill_(d == 0, 0.0)  # in place: one (N, M) buffer fewer
+        # grad.to(d.dtype): an upstream op run under autocast may hand back another dtype.
+        c = (grad.to(d.dtype) / d).masked_fill_(d == 0, 0.0)  # in place: one buffer fewer
         grad_x = grad_y = None
         if ctx.needs_input_grad[0]:
             grad_x = torch.addmm(x * c.sum(1, keepdim=True), c, y, alpha=-1.0)
@@ -40,8 +41,13 @@ def euclidean_distances(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     Same formula and zero-distance convention (gradient 0 at ``d = 0``) as ``torch.cdist(x, y)``
     with the matrix-multiply path, but the backward computes only the gradients that are needed:
     with ``y`` detached it costs one ``(N, M) x (M, D)`` product instead of two.
-    O(N M D) time, O(N M) memory.
+    Computed in the inputs' dtype even under ``torch.autocast`` (which would otherwise run the
+    product in bfloat16/float16 and then mix dtypes in the backward); ``x`` and ``y`` must share
+    one dtype. O(N M D) time, O(N M) memory.
     """
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(f"need (N, D) and (M, D) inputs, got {tuple(x.shape)}, {tuple(y.shape)}")
-    return _EuclideanDistances.apply(x, y)
+    if x.dtype != y.dtype:
+        raise ValueError(f"x and y must share one dtype, got {x.dtype} and {y.dtype}")
+    with torch.autocast(x.device.type, enabled=False):
+        return _EuclideanDistances.apply(x, y)

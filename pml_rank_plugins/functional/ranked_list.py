@@ -96,7 +96,7 @@ def _masked_exp(
     which equals the softmax of ``sign T (d - c)`` for any constant ``c`` (e.g. ``alpha``).
     No gradient; a few ``(N, M)`` passes.
     """
-    if temperature == 0.0:
+    if temperature == 0.0 or d.numel() == 0:
         e = mask.to(d.dtype)
     else:
         fill = float("-inf") if sign > 0 else float("inf")
@@ -106,8 +106,47 @@ def _masked_exp(
         ext = torch.where(torch.isfinite(ext), ext, torch.zeros_like(ext))
         # Difference first, then scale: the row's extreme gets exactly 0 (never inf - inf) and
         # off-mask exponents that overflow to inf are zeroed right after.
-        e = torch.sub(d, ext).mul_(sign * temperature).exp_().masked_fill_(~mask, 0.0)
+        e = scaled_exp_(torch.sub(d, ext).mul_(sign), temperature).masked_fill_(~mask, 0.0)
     return e, e.sum(dim=1)
+
+
+def scaled_exp_(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``exp(temperature * x)`` for ``x <= 0`` where it matters, in place when possible.
+
+    A finite ``temperature`` above the largest value of ``x.dtype`` (e.g. ``1e39`` with float32)
+    would round to ``inf`` and turn the exact zeros of ``x`` into ``0 * inf = NaN``; such a
+    product is formed in float64 instead (any finite Python float is a float64), so
+    ``exp(T * 0) = 1`` and every ``x < 0`` gives ``exp(-huge) = 0``: the hardest-pair limit,
+    for every finite ``T``. O(numel).
+    """
+    if temperature <= torch.finfo(x.dtype).max:
+        return x.mul_(temperature).exp_()
+    return x.double().mul_(temperature).exp_().to(x.dtype)
+
+
+def check_loss_range(dtype: torch.dtype, alpha: float, lam: float) -> None:
+    """Raise ``ValueError`` naming ``alpha`` / ``lam`` if either is not representable in the
+    compute ``dtype`` (it would round to ``inf`` and make the loss or its gradient inf/NaN)."""
+    big = torch.finfo(dtype).max
+    for name, value in (("alpha", alpha), ("lam", lam)):
+        if value > big:
+            raise ValueError(
+                f"{name}={value:g} exceeds the largest {dtype} ({big:.4g}): the loss would "
+                f"overflow; use a smaller {name} or float64 embeddings"
+            )
+
+
+def check_loss_finite(value: torch.Tensor, alpha: float, lam: float) -> None:
+    """Raise ``ValueError`` if the per-query losses (or their sum, which the mean reduction
+    forms) overflow: inputs are finite and weights normalized, so only large ``lam * L_N``
+    (``L_N <= alpha``) or huge distances can get there. O(N)."""
+    if not torch.isfinite(value.sum()):
+        big = torch.finfo(value.dtype).max
+        raise ValueError(
+            f"the Ranked List Loss overflows {value.dtype} (largest {big:.4g}): per-query losses "
+            f"reach L_P + lam * L_N with lam={lam:g}, L_N <= alpha={alpha:g}; use a smaller lam "
+            "or alpha, smaller distances, or float64 embeddings"
+        )
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -139,6 +178,8 @@ def _given_weights(weights: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype
     """Caller-supplied non-negative weights on ``mask``, scaled so each row's largest is 1
     (keeps ``1 / sum`` finite even for tiny weights), and their row sums."""
     e = weights.to(dtype).masked_fill(~mask, 0.0)
+    if e.numel() == 0:
+        return e, e.sum(dim=1)
     row_max = e.amax(dim=1, keepdim=True)
     e = e.div_(torch.where(row_max > 0, row_max, 1.0))
     return e, e.sum(dim=1)
@@ -213,6 +254,7 @@ def ranked_list_terms(
         raise ValueError("a (query, reference) pair is marked both positive and negative")
     # float16/bfloat16 distances are computed in float32; the gradient flows back in their dtype.
     dist = dist.to(compute_dtype(dist.dtype))
+    check_loss_range(dist.dtype, alpha, lam)
     pos_thr = alpha - margin
     with torch.no_grad():
         d = dist.detach()
@@ -232,6 +274,7 @@ def ranked_list_terms(
         pos_loss = (_row_dot(ep, d) * inv_zp - pos_thr).masked_fill_(zp <= 0, 0.0).clamp_min_(0)
         neg_loss = (alpha - _row_dot(en, d) * inv_zn).masked_fill_(zn <= 0, 0.0).clamp_min_(0)
         value = pos_loss + lam * neg_loss
+        check_loss_finite(value, alpha, lam)
         # dL_i/dd_ij: w+ on mined positives, -lam w- on mined negatives (weights held constant).
         coef = en.mul_((-lam * inv_zn).unsqueeze(1)).addcmul_(ep, inv_zp.unsqueeze(1))
     loss = _LinearInDistance.apply(dist, coef, value) if dist.requires_grad else value

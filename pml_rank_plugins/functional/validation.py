@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -19,18 +20,121 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
+def check_embedding_shape(tensor: torch.Tensor, name: str, width: int | None = None) -> None:
+    """Raise ``ValueError`` unless ``tensor`` is a 2-D ``(N, D)`` floating tensor (``D == width``
+    when given): a 1-D vector or a 3-D stack would otherwise be ranked as something else."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name} must be a torch tensor, got {type(tensor).__name__}")
+    wanted = "2-D (N, D)" if width is None else f"2-D (N, D) with D = {width} columns"
+    if tensor.ndim != 2 or (width is not None and tensor.shape[1] != width):
+        raise ValueError(f"{name} must be {wanted}, got shape {tuple(tensor.shape)}")
+    if not tensor.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")
+
+
+def check_labels(labels: torch.Tensor, name: str = "labels") -> None:
+    """Raise ``ValueError`` for bool labels: a mask passed where class ids belong (PML treats
+    labels as class ids; two "classes" True/False is almost never what was meant)."""
+    if isinstance(labels, torch.Tensor) and labels.dtype == torch.bool:
+        raise ValueError(
+            f"{name} has dtype torch.bool; labels are class ids: pass an integer tensor "
+            f"(e.g. {name}.long() if True/False really are the two classes)"
+        )
+
+
 def prepare_embeddings(
     embeddings: torch.Tensor, ref_emb: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Check queries and references for NaN/inf and cast both to the compute dtype.
+    """Check queries and references (2-D, same width, no NaN/inf) and cast both to the compute
+    dtype.
 
     Returns ``(queries, refs, is_self)``; ``is_self`` is whether ``ref_emb`` *is* ``embeddings``
     (the batch ranked against itself, as PML passes it), in which case ``refs is queries``.
     """
     is_self = ref_emb is embeddings
+    check_embedding_shape(embeddings, "embeddings")
+    if not is_self:
+        check_embedding_shape(ref_emb, "ref_emb", width=embeddings.shape[1])
     check_finite(embeddings, "embeddings")
     if not is_self:
         check_finite(ref_emb, "ref_emb")
     dtype = compute_dtype(embeddings.dtype)
     queries = embeddings.to(dtype)
     return queries, queries if is_self else ref_emb.to(dtype), is_self
+
+
+def check_int(value, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Validate a count/size parameter and return it as a Python ``int``.
+
+    Accepts Python and numpy integers; rejects ``bool`` (an ``int`` subclass, almost always a
+    mistake here), floats (even integral ones such as ``2.0``: silently truncating ``1.7`` to
+    ``1`` is what this guards against), strings and everything else, with a ``ValueError`` naming
+    the parameter and the value. ``minimum`` / ``maximum`` are inclusive bounds.
+    """
+    if minimum is not None and maximum is not None:
+        wanted = f"an integer in [{minimum}, {maximum}]"
+    elif minimum is not None:
+        wanted = f"an integer >= {minimum}"
+    elif maximum is not None:
+        wanted = f"an integer <= {maximum}"
+    else:
+        wanted = "an integer"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be {wanted}, got {value}")
+    return value
+
+
+_PAIR_NAMES = ("positive anchors", "positives", "negative anchors", "negatives")
+_TRIPLET_NAMES = ("anchors", "positives", "negatives")
+
+
+def validate_indices_tuple(indices_tuple, num_queries: int, num_refs: int) -> None:
+    """Check a PML ``indices_tuple`` against ``num_queries`` query and ``num_refs`` reference rows.
+
+    ``None`` passes. Otherwise it must be a tuple of 1-D integer tensors: pairs ``(a1, p, a2, n)``
+    with ``len(a1) == len(p)`` and ``len(a2) == len(n)``, or triplets ``(a, p, n)`` of one
+    length. Anchors index the queries (``embeddings``), the others the reference rows
+    (``ref_emb``, the batch itself by default). Raises ``ValueError`` naming the element, e.g.
+    ``indices_tuple[3] (negatives) has index 40 >= 32 reference rows``; without this check a
+    negative index silently wraps around and a too-large one fails deep inside indexing.
+    O(total number of indices).
+    """
+    if indices_tuple is None:
+        return
+    if not isinstance(indices_tuple, (tuple, list)):
+        raise ValueError(
+            "indices_tuple must be a tuple of index tensors, (a1, p, a2, n) or (a, p, n), got "
+            f"{type(indices_tuple).__name__}"
+        )
+    if len(indices_tuple) not in (3, 4):
+        raise ValueError(
+            "indices_tuple must have 3 (triplets) or 4 (pairs) elements, "
+            f"got {len(indices_tuple)}"
+        )
+    names = _PAIR_NAMES if len(indices_tuple) == 4 else _TRIPLET_NAMES
+    anchors = (0, 2) if len(indices_tuple) == 4 else (0,)
+    for k, (idx, what) in enumerate(zip(indices_tuple, names)):
+        label = f"indices_tuple[{k}] ({what})"
+        if not isinstance(idx, torch.Tensor):
+            raise ValueError(f"{label} must be a torch tensor of indices, got {type(idx).__name__}")
+        if idx.dtype == torch.bool or idx.dtype.is_floating_point or idx.dtype.is_complex:
+            raise ValueError(f"{label} must hold integer indices, got dtype {idx.dtype}")
+        if idx.ndim != 1:
+            raise ValueError(f"{label} must be 1-D, got shape {tuple(idx.shape)}")
+        if len(idx) == 0:
+            continue
+        limit, rows = (num_queries, "query") if k in anchors else (num_refs, "reference")
+        low, high = int(idx.min()), int(idx.max())
+        if low < 0:
+            raise ValueError(f"{label} has negative index {low} (indices must be in [0, {limit}))")
+        if high >= limit:
+            raise ValueError(f"{label} has index {high} >= {limit} {rows} rows")
+    groups = ((0, 1), (2, 3)) if len(indices_tuple) == 4 else ((0, 1, 2),)
+    for group in groups:
+        lengths = [len(indices_tuple[k]) for k in group]
+        if len(set(lengths)) > 1:
+            listed = ", ".join(f"indices_tuple[{k}] has {n}" for k, n in zip(group, lengths))
+            raise ValueError(f"mismatched lengths: {listed} (they must be equal)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pytorch_metric_learning.distances import LpDistance
 
 from ..functional.histogram_ap import histogram_ap
+from ..functional.validation import check_int
 from .histogram_ap_base import HistogramAPLoss
 
 
@@ -29,8 +30,7 @@ class FastAPLoss(HistogramAPLoss):
     """
 
     def __init__(self, num_bins: int = 10, chunk_size: int | None = None, **kwargs):
-        if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
-            raise ValueError(f"num_bins must be an int >= 1, got {num_bins!r}")
+        num_bins = check_int(num_bins, "num_bins", minimum=1)
         self.num_bins = self.num_intervals = num_bins
         super().__init__(chunk_size=chunk_size, **kwargs)
         self.add_to_recordable_attributes(list_of_names=["num_bins"], is_stat=False)

@@ -7,7 +7,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
-from ..functional.validation import prepare_embeddings
+from ..functional.validation import check_int, check_labels, prepare_embeddings
 from .pair_masks import pair_masks
 
 
@@ -33,9 +33,7 @@ class HistogramAPLoss(BaseMetricLossFunction):
 
     def __init__(self, chunk_size: int | None = None, **kwargs):
         super().__init__(**kwargs)
-        if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-            raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
-        self.chunk_size = chunk_size
+        self.chunk_size = None if chunk_size is None else check_int(chunk_size, "chunk_size", 1)
         self._check_distance()
         self.add_to_recordable_attributes(
             list_of_names=["num_valid_queries", "num_skipped_queries"], is_stat=True
@@ -61,6 +59,8 @@ class HistogramAPLoss(BaseMetricLossFunction):
         c_f.labels_required(labels)
         if ref_labels is None:
             raise ValueError("ref_labels are required with ref_emb")
+        check_labels(labels, "labels")
+        check_labels(ref_labels, "ref_labels")
         queries, refs, is_self = prepare_embeddings(embeddings, ref_emb)
         dtype = queries.dtype
         queries = self.distance.normalize(queries)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
+from ..functional.validation import validate_indices_tuple
+
 
 def pair_masks(
     labels: torch.Tensor,
@@ -33,6 +35,10 @@ def pair_masks(
         ref_labels: ``(M,)`` reference labels.
         indices_tuple: ``None``, a PML pair tuple ``(a1, p, a2, n)`` or triplet ``(a, p, n)``.
         exclude_self: remove the diagonal (the batch is its own reference set; needs N == M).
+
+    Raises ``ValueError`` naming the element of a malformed ``indices_tuple`` (negative or
+    out-of-range index, non-integer dtype, mismatched lengths): see
+    :func:`~pml_rank_plugins.functional.validation.validate_indices_tuple`.
     """
     n, m = len(labels), len(ref_labels)
     if indices_tuple is None:
@@ -43,6 +49,7 @@ def pair_masks(
                 raise ValueError("exclude_self needs as many queries as reference items")
             pos.fill_diagonal_(False)
         return pos, neg
+    validate_indices_tuple(indices_tuple, n, m)
     a1, p, a2, ng = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
     pos = torch.zeros(n, m, dtype=torch.bool, device=labels.device)
     neg = torch.zeros(n, m, dtype=torch.bool, device=labels.device)

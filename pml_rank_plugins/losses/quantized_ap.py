@@ -6,6 +6,7 @@ import torch
 from pytorch_metric_learning.distances import CosineSimilarity
 
 from ..functional.histogram_ap import histogram_ap, tie_aware_histogram_ap
+from ..functional.validation import check_int
 from .histogram_ap_base import HistogramAPLoss
 
 
@@ -41,8 +42,7 @@ class QuantizedAPLoss(HistogramAPLoss):
         chunk_size: int | None = None,
         **kwargs,
     ):
-        if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 2:
-            raise ValueError(f"num_bins must be an int >= 2, got {num_bins!r}")
+        num_bins = check_int(num_bins, "num_bins", minimum=2)
         self.num_bins = num_bins
         self.num_intervals = num_bins - 1
         self.class_balanced = bool(class_balanced)

@@ -8,7 +8,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.ranked_list import check_rll_params, ranked_list_terms
-from ..functional.validation import check_finite, prepare_embeddings
+from ..functional.validation import check_finite, prepare_embeddings, validate_indices_tuple
 from .distance_matrix import distance_matrix
 from .pair_masks import pair_masks
 
@@ -49,9 +49,16 @@ class RankedListLoss(BaseMetricLossFunction):
     ``AvgNonZeroReducer`` averages over queries with something mined instead.
 
     Stats (``collect_stats``): ``num_pos_pairs``, ``num_neg_pairs`` (mined, total),
-    ``avg_pos_per_query``, ``avg_neg_per_query``, ``num_queries_nothing_mined``.
+    ``avg_pos_per_query``, ``avg_neg_per_query``, ``num_queries_nothing_mined``,
+    ``num_valid_queries`` (queries in the mean: all ``N``) and ``num_skipped_queries`` (0).
 
-    float16/bfloat16 embeddings are computed in float32. O(N M) time and memory.
+    An empty batch or an empty ``ref_emb`` gives a zero loss connected to the graph (backward
+    works, zero gradient) with every query counted in ``num_skipped_queries`` and
+    ``num_valid_queries = 0`` (the policy of every loss in this package).
+
+    float16/bfloat16 embeddings, and any input under ``torch.autocast``, are computed in
+    float32. ``alpha`` or ``lam`` so large that the loss overflows the compute dtype raise
+    ``ValueError`` naming them; any finite ``Tn``/``Tp`` works. O(N M) time and memory.
     """
 
     def __init__(
@@ -81,6 +88,8 @@ class RankedListLoss(BaseMetricLossFunction):
                 "avg_pos_per_query",
                 "avg_neg_per_query",
                 "num_queries_nothing_mined",
+                "num_valid_queries",
+                "num_skipped_queries",
             ],
             is_stat=True,
         )
@@ -92,7 +101,22 @@ class RankedListLoss(BaseMetricLossFunction):
         c_f.labels_required(labels)
         if ref_labels is None:
             raise ValueError("ref_labels are required with ref_emb")
+        # Under torch.autocast the distance product would run in bfloat16/float16 (and its
+        # backward mix dtypes): everything here is computed in float32 or better instead.
+        with torch.autocast(embeddings.device.type, enabled=False):
+            return self._compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+
+    def _compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         emb, ref, is_self = prepare_embeddings(embeddings, ref_emb)
+        # Before anything indexes with them: a negative index would silently wrap around.
+        validate_indices_tuple(indices_tuple, len(emb), len(ref))
+        if len(emb) == 0 or len(ref) == 0:
+            # Nothing to rank: a zero loss connected to the graph, every query skipped.
+            self.num_valid_queries, self.num_skipped_queries = 0, len(emb)
+            if self.collect_stats:
+                self._set_empty_stats()
+            return self.zero_losses()
+        self.num_valid_queries, self.num_skipped_queries = len(emb), 0
         dist = distance_matrix(self.distance, emb, ref, self.gallery_gradient)
         with torch.no_grad():
             pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
@@ -139,6 +163,11 @@ class RankedListLoss(BaseMetricLossFunction):
         dense = torch.zeros_like(dist)
         dense[a2, n] = weights.to(dist.dtype)
         return dense
+
+    def _set_empty_stats(self):
+        self.num_pos_pairs = self.num_neg_pairs = 0
+        self.avg_pos_per_query = self.avg_neg_per_query = 0.0
+        self.num_queries_nothing_mined = self.num_skipped_queries
 
     def _set_stats(self, terms):
         num_pos, num_neg = terms.num_pos, terms.num_neg

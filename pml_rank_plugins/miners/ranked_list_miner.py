@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.miners import BaseMiner
 
@@ -27,7 +28,8 @@ class RankedListMiner(BaseMiner):
     Returns a :class:`WeightedPairs`, a standard PML pair tuple ``(a1, p, a2, n)``: any PML pair
     loss accepts it and ignores ``.weights``; :class:`pml_rank_plugins.losses.RankedListLoss` uses
     the weights (instead of its own ``Tn``) when present. Pairs are sorted by anchor. ``weights``
-    is float32 for float16/bfloat16 embeddings. O(N M) time and memory.
+    is float32 for float16/bfloat16 embeddings and under ``torch.autocast``. An empty batch or
+    empty ``ref_emb`` gives empty tuples. O(N M) time and memory.
 
     Stats (``collect_stats``): ``num_pos_pairs``, ``num_neg_pairs`` (set by PML) and
     ``num_anchors_nothing_mined`` (queries with no non-trivial pair at all).
@@ -53,7 +55,17 @@ class RankedListMiner(BaseMiner):
     def mine(self, embeddings, labels, ref_emb, ref_labels) -> WeightedPairs:
         if labels is None or ref_labels is None:
             raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
+        # Under torch.autocast the distance product would run in low precision: mine in float32.
+        with torch.autocast(embeddings.device.type, enabled=False):
+            return self._mine(embeddings, labels, ref_emb, ref_labels)
+
+    def _mine(self, embeddings, labels, ref_emb, ref_labels) -> WeightedPairs:
         emb, ref, is_self = prepare_embeddings(embeddings, ref_emb)
+        if len(emb) == 0 or len(ref) == 0:  # nothing to rank: empty tuples
+            empty = torch.zeros(0, dtype=torch.long, device=emb.device)
+            if self.collect_stats:
+                self.num_anchors_nothing_mined = len(emb)
+            return WeightedPairs(empty, empty, empty, empty, weights=emb.new_zeros(0))
         dist = distance_matrix(self.distance, emb, ref)
         pos_mask, neg_mask = pair_masks(labels, ref_labels, exclude_self=is_self)
         pos, neg = mine_non_trivial(dist, pos_mask, neg_mask, self.alpha, self.margin)

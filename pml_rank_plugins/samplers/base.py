@@ -24,7 +24,8 @@ import torch
 from torch.utils.data import BatchSampler
 
 from ..data.labels import UNLABELED, as_two_level
-from .class_pools import ClassPools, PoolCursor, _is_int, fill_part
+from ..functional.validation import check_int
+from .class_pools import ClassPools, PoolCursor, fill_part
 
 
 class ClassBatchSampler(BatchSampler):
@@ -44,14 +45,12 @@ class ClassBatchSampler(BatchSampler):
         num_replicas: int = 1,
         rank: int = 0,
     ):
-        if not _is_int(batch_size) or batch_size < 2:
-            raise ValueError(f"batch_size must be an int >= 2, got {batch_size!r}")
-        if not _is_int(num_replicas) or num_replicas < 1:
-            raise ValueError(f"num_replicas must be an int >= 1, got {num_replicas!r}")
-        if not _is_int(rank) or not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank!r}")
+        batch_size = check_int(batch_size, "batch_size", minimum=2)
+        num_replicas = check_int(num_replicas, "num_replicas", minimum=1)
+        rank = check_int(rank, "rank", minimum=0, maximum=num_replicas - 1)
+        seed = check_int(seed, "seed", minimum=0)
         self.labels = as_two_level(labels, categories)
-        super().__init__(range(len(self.labels)), int(batch_size), drop_last=False)
+        super().__init__(range(len(self.labels)), batch_size, drop_last=False)
         self.pools = ClassPools(self.labels, samples_per_class)
         if self.pools.num_singletons:
             warnings.warn(
@@ -60,9 +59,9 @@ class ClassBatchSampler(BatchSampler):
                 stacklevel=3,
             )
         self.samples_per_class = samples_per_class
-        self.seed = int(seed)
-        self.num_replicas = int(num_replicas)
-        self.rank = int(rank)
+        self.seed = seed
+        self.num_replicas = num_replicas
+        self.rank = rank
         self.epoch = 0
         self._pool_members: dict = {}
 
@@ -97,8 +96,9 @@ class ClassBatchSampler(BatchSampler):
 
     # -- epochs, sharding, iteration ---------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch`` for the next iteration (later iterations continue from it)."""
-        self.epoch = int(epoch)
+        """Use ``epoch`` (an integer >= 0) for the next iteration (later iterations continue from
+        it)."""
+        self.epoch = check_int(epoch, "epoch", minimum=0)
 
     def _generator(self, epoch: int) -> torch.Generator:
         state = np.random.SeedSequence([self.seed, epoch]).generate_state(2, dtype=np.uint32)

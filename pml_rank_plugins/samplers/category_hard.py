@@ -6,6 +6,7 @@ import itertools
 
 import torch
 
+from ..functional.validation import check_int
 from .base import ClassBatchSampler
 
 
@@ -48,17 +49,13 @@ class CategoryHardSampler(ClassBatchSampler):
         super().__init__(
             labels, batch_size, categories, samples_per_class, seed, num_replicas, rank
         )
-        if not isinstance(categories_per_batch, int) or categories_per_batch < 2:
-            raise ValueError(
-                f"categories_per_batch must be an int >= 2, got {categories_per_batch!r}"
-            )
+        categories_per_batch = check_int(categories_per_batch, "categories_per_batch", minimum=2)
+        batches_per_pair = check_int(batches_per_pair, "batches_per_pair", minimum=1)
         if batch_size % categories_per_batch:
             raise ValueError(
                 f"batch_size ({batch_size}) must be divisible by categories_per_batch "
                 f"({categories_per_batch})"
             )
-        if not isinstance(batches_per_pair, int) or batches_per_pair < 1:
-            raise ValueError(f"batches_per_pair must be an int >= 1, got {batches_per_pair!r}")
         self.part_size = batch_size // categories_per_batch
         if self.part_size < 2:
             raise ValueError(f"each category's part must hold >= 2 items, got {self.part_size}")

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..data.labels import CATEGORY, CLASS
+from ..functional.validation import check_int
 
 
 class ClassPools:
@@ -35,14 +36,14 @@ class ClassPools:
     """
 
     def __init__(self, labels: np.ndarray, samples_per_class="all"):
-        if not (samples_per_class == "all" or _is_int(samples_per_class)):
-            raise ValueError(
-                f'samples_per_class must be "all" or an int, got {samples_per_class!r}'
-            )
-        if samples_per_class != "all" and samples_per_class < 2:
-            raise ValueError(
-                f"samples_per_class must be >= 2 so every query has a positive, got {samples_per_class}"
-            )
+        if not (isinstance(samples_per_class, str) and samples_per_class == "all"):
+            try:
+                samples_per_class = check_int(samples_per_class, "samples_per_class", minimum=2)
+            except ValueError:
+                raise ValueError(
+                    'samples_per_class must be "all" or an integer >= 2 (so every query has a '
+                    f"positive), got {samples_per_class!r}"
+                ) from None
         order = np.argsort(labels[:, CLASS], kind="stable")
         classes, starts, counts = np.unique(
             labels[order, CLASS], return_index=True, return_counts=True
@@ -134,7 +135,3 @@ def fill_part(
             items = items[torch.randperm(len(items), generator=generator)[:t].numpy()]
         parts.append(items)
     return np.concatenate(parts)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

@@ -42,11 +42,11 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ..functional.validation import check_int
+
 
 def _check_chunk_size(chunk_size) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    return chunk_size
+    return check_int(chunk_size, "chunk_size", minimum=1)
 
 
 def _rng_state():

@@ -38,3 +38,19 @@ def test_detached_side_and_zero_distance():
 def test_bad_shapes_raise():
     with pytest.raises(ValueError, match="need"):
         euclidean_distances(torch.zeros(3, 2), torch.zeros(3, 4))
+
+
+def test_autocast_bfloat16_computes_in_the_input_dtype():
+    # Under autocast the product used to run in bfloat16 and the backward then mixed bfloat16
+    # and float32 ("mat1 and mat2 must have the same dtype").
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(7, 4, generator=gen, requires_grad=True)
+    y = torch.randn(5, 4, generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        d = euclidean_distances(x, y)
+    assert d.dtype == torch.float32
+    (g,) = torch.autograd.grad(d.sum(), x)
+    torch.testing.assert_close(d, torch.cdist(x, y))
+    torch.testing.assert_close(g, torch.autograd.grad(torch.cdist(x, y).sum(), x)[0])
+    with pytest.raises(ValueError, match="share one dtype"):
+        euclidean_distances(x, y.double())

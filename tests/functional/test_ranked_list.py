@@ -213,3 +213,45 @@ def test_tiny_given_weights_are_renormalized_not_overflowed():
     ones = ranked_list_terms(dist, pos, neg, neg_weights=torch.ones_like(dist))
     tiny = ranked_list_terms(dist, pos, neg, neg_weights=torch.full_like(dist, 1e-44))
     torch.testing.assert_close(tiny.loss, ones.loss)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_temperatures_beyond_the_dtype_range_give_the_hardest_pair_limit(dtype):
+    # Tn = 1e39 / Tp = 3.5e38 exceed float32's largest value: they used to round to inf and give
+    # 0 * inf = NaN. Any finite T now works; beyond the range the weights are the T -> inf limit
+    # (one-hot on the hardest mined pair), the same as a large representable T.
+    dist, pos, neg = random_problem(seed=11, dtype=dtype)
+    for kwargs in (dict(Tn=1e39), dict(Tp=3.5e38), dict(Tn=1e300, Tp=1e300)):
+        terms = ranked_list_terms(dist, pos, neg, ALPHA, MARGIN, **kwargs)
+        (grad,) = torch.autograd.grad(terms.loss.sum(), dist)
+        assert torch.isfinite(terms.loss).all() and torch.isfinite(grad).all(), kwargs
+        limit = {k: 1e30 for k in kwargs}
+        expected = ranked_list_terms(dist, pos, neg, ALPHA, MARGIN, **limit)
+        torch.testing.assert_close(terms.loss, expected.loss)
+    w = negative_weights(dist.detach(), neg, 1e39)
+    assert torch.isfinite(w).all()
+    torch.testing.assert_close(w.sum(1)[neg.any(1)], torch.ones_like(w[:, 0])[neg.any(1)])
+
+
+def test_alpha_or_lam_that_overflow_raise_naming_the_parameter():
+    dist, pos, neg = random_problem(seed=12, dtype=torch.float32)
+    with pytest.raises(ValueError, match="lam=1e\\+39 exceeds the largest torch.float32"):
+        ranked_list_terms(dist, pos, neg, ALPHA, MARGIN, lam=1e39)
+    with pytest.raises(ValueError, match="alpha=1e\\+39 exceeds the largest torch.float32"):
+        ranked_list_terms(dist, pos, neg, 1e39, MARGIN)
+    # Each representable, the product is not: L_N ~ alpha, lam * L_N > float32 max.
+    with pytest.raises(ValueError, match="overflows torch.float32.*lam=1e\\+30, .*alpha=1e\\+20"):
+        ranked_list_terms(dist, pos, neg, 1e20, MARGIN, lam=1e30)
+    # float64 holds them: finite.
+    terms = ranked_list_terms(dist.double(), pos, neg, 1e20, MARGIN, lam=1e30)
+    assert torch.isfinite(terms.loss).all()
+
+
+def test_empty_inputs_give_empty_terms():
+    for n, m in ((0, 5), (4, 0), (0, 0)):
+        dist = torch.zeros(n, m, dtype=torch.float64, requires_grad=True)
+        mask = torch.zeros(n, m, dtype=torch.bool)
+        for Tn in (0.0, 10.0):
+            terms = ranked_list_terms(dist, mask, mask, ALPHA, MARGIN, Tn=Tn, Tp=Tn)
+            assert terms.loss.shape == (n,) and (terms.loss == 0).all()
+            assert terms.num_pos.tolist() == [0] * n

@@ -1,3 +1,6 @@
+import re
+
+import numpy as np
 import pytest
 import torch
 
@@ -41,3 +44,90 @@ def test_prepare_embeddings_self_and_reference():
     r[2, 1] = float("nan")
     with pytest.raises(ValueError, match="ref_emb contains 1 non-finite"):
         prepare_embeddings(x, r)
+
+
+# -- check_int (issue 12.14) ------------------------------------------------------------------
+@pytest.mark.parametrize("value", [3, np.int64(3), np.int32(3), np.uint8(3)])
+def test_check_int_accepts_python_and_numpy_integers(value):
+    from pml_rank_plugins.functional.validation import check_int
+
+    out = check_int(value, "num_bins", minimum=1)
+    assert out == 3 and type(out) is int
+
+
+@pytest.mark.parametrize("value", [True, False, 2.0, 1.7, "3", None, np.float64(3.0)])
+def test_check_int_rejects_bool_float_and_others_naming_parameter(value):
+    from pml_rank_plugins.functional.validation import check_int
+
+    with pytest.raises(
+        ValueError, match=r"num_bins must be an integer.*got " + re.escape(repr(value))
+    ):
+        check_int(value, "num_bins", minimum=1)
+
+
+def test_check_int_enforces_bounds():
+    from pml_rank_plugins.functional.validation import check_int
+
+    with pytest.raises(ValueError, match=r"seed must be an integer >= 0, got -1"):
+        check_int(-1, "seed", minimum=0)
+    with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 1\], got 2"):
+        check_int(2, "rank", minimum=0, maximum=1)
+    assert check_int(-5, "offset") == -5
+
+
+# -- validate_indices_tuple (issue 12.5) --------------------------------------------------------
+def _pairs(a1, p, a2, n):
+    return tuple(torch.tensor(v, dtype=torch.long) for v in (a1, p, a2, n))
+
+
+def test_validate_indices_tuple_accepts_valid_pairs_triplets_and_none():
+    from pml_rank_plugins.functional.validation import validate_indices_tuple
+
+    validate_indices_tuple(None, 4, 6)
+    validate_indices_tuple(_pairs([0, 3], [5, 1], [1], [0]), 4, 6)
+    validate_indices_tuple(_pairs([], [], [], []), 4, 6)
+    t = torch.tensor([0, 3]), torch.tensor([5, 1]), torch.tensor([2, 2])
+    validate_indices_tuple(t, 4, 6)
+    validate_indices_tuple(tuple(x.int() for x in t), 4, 6)
+
+
+@pytest.mark.parametrize(
+    "indices_tuple, message",
+    [
+        (_pairs([0], [1], [0], [40]), r"indices_tuple\[3\] \(negatives\) has index 40 >= 32 "),
+        (_pairs([0], [1], [0], [-1]), r"indices_tuple\[3\] \(negatives\) has negative index -1"),
+        (_pairs([0], [32], [0], [1]), r"indices_tuple\[1\] \(positives\) has index 32 >= 32 "),
+        (_pairs([0], [1], [9], [1]), r"indices_tuple\[2\] \(negative anchors\) has index 9 >= 8 "),
+        (_pairs([-3], [1], [0], [1]), r"indices_tuple\[0\] \(positive anchors\) has negative"),
+        (
+            (torch.tensor([0]), torch.tensor([1]), torch.tensor([40])),
+            r"indices_tuple\[2\] \(negatives\) has index 40 >= 32 reference rows",
+        ),
+        (
+            (torch.tensor([8]), torch.tensor([1]), torch.tensor([4])),
+            r"indices_tuple\[0\] \(anchors\) has index 8 >= 8 query rows",
+        ),
+        (_pairs([0, 1], [1], [0], [2]), r"lengths.*indices_tuple\[0\].*2.*indices_tuple\[1\].*1"),
+        (
+            (torch.tensor([0, 1]), torch.tensor([1, 2]), torch.tensor([3])),
+            r"lengths",
+        ),
+        (
+            (torch.tensor([0.0]), torch.tensor([1]), torch.tensor([3])),
+            r"indices_tuple\[0\].*integer",
+        ),
+        (
+            (torch.tensor([True]), torch.tensor([1]), torch.tensor([3])),
+            r"indices_tuple\[0\].*integer",
+        ),
+        ((torch.tensor([[0]]), torch.tensor([1]), torch.tensor([3])), r"indices_tuple\[0\].*1-D"),
+        ((torch.tensor([0]), torch.tensor([1])), r"3 \(triplets\) or 4 \(pairs\).*got 2"),
+        ([0, 1, 3], r"indices_tuple\[0\].*tensor"),
+        (torch.tensor([0, 1, 2]), r"tuple"),
+    ],
+)
+def test_validate_indices_tuple_names_the_bad_element(indices_tuple, message):
+    from pml_rank_plugins.functional.validation import validate_indices_tuple
+
+    with pytest.raises(ValueError, match=message):
+        validate_indices_tuple(indices_tuple, 8, 32)

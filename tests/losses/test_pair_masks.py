@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from pml_rank_plugins.losses.pair_masks import pair_masks
@@ -30,3 +31,24 @@ def test_triplets_are_converted_to_pairs():
     pos, neg = pair_masks(labels, labels, (torch.tensor([0]), torch.tensor([1]), torch.tensor([2])))
     assert pos.nonzero().tolist() == [[0, 1]]
     assert neg.nonzero().tolist() == [[0, 2]]
+
+
+@pytest.mark.parametrize(
+    "indices_tuple, message",
+    [
+        # A negative index used to wrap around silently to the last row.
+        (
+            (torch.tensor([0]), torch.tensor([1]), torch.tensor([0]), torch.tensor([-1])),
+            r"indices_tuple\[3\] \(negatives\) has negative index -1",
+        ),
+        # Out of range used to fail as a bare IndexError.
+        (
+            (torch.tensor([0]), torch.tensor([1]), torch.tensor([4])),
+            r"indices_tuple\[2\] \(negatives\) has index 4 >= 4 reference rows",
+        ),
+    ],
+)
+def test_bad_indices_tuple_raises_naming_the_element(indices_tuple, message):
+    labels = torch.tensor([0, 0, 1, 1])
+    with pytest.raises(ValueError, match=message):
+        pair_masks(labels, labels, indices_tuple)

@@ -332,3 +332,119 @@ def test_bad_inputs_raise():
         loss_fn(x, None)
     with pytest.raises(ValueError, match="ref_labels are required"):
         loss_fn(x, labels, ref_emb=x.detach())
+
+
+@pytest.mark.parametrize("kwargs", [dict(Tn=1e39), dict(Tp=3.5e38), dict(Tn=1e39, Tp=1e39)])
+def test_temperature_beyond_float32_range_is_finite(kwargs):
+    # Used to give NaN (T rounded to inf in float32, 0 * inf); now the T -> inf limit.
+    x, labels = embeddings(n=16, seed=20, dtype=torch.float32)
+    loss = RankedListLoss(**kwargs)(x, labels)
+    (grad,) = torch.autograd.grad(loss, x)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    limit = RankedListLoss(**{k: 1e30 for k in kwargs})(x, labels)
+    torch.testing.assert_close(loss, limit)
+
+
+@pytest.mark.parametrize("name", ["lam", "alpha"])
+def test_overflowing_lam_or_alpha_raise_naming_it(name):
+    # Used to return inf silently.
+    x, labels = embeddings(n=16, seed=21, dtype=torch.float32)
+    with pytest.raises(ValueError, match=f"{name}=1e\\+39 exceeds the largest torch.float32"):
+        RankedListLoss(**{name: 1e39})(x, labels)
+
+
+@pytest.mark.parametrize("Tn,Tp", [(0.0, 0.0), (10.0, 0.0), (10.0, 2.0)])
+def test_empty_batch_gives_zero_loss_connected_to_the_graph(Tn, Tp):
+    # Used to give NaN (Tn = Tp = 0) or IndexError from amin().
+    x = torch.zeros(0, 4, dtype=torch.float64, requires_grad=True)
+    labels = torch.zeros(0, dtype=torch.long)
+    loss_fn = RankedListLoss(Tn=Tn, Tp=Tp, collect_stats=True)
+    loss = loss_fn(x, labels)
+    assert loss.item() == 0.0 and loss.requires_grad
+    (grad,) = torch.autograd.grad(loss, x)
+    assert grad.shape == (0, 4)
+    assert loss_fn.num_valid_queries == 0 and loss_fn.num_skipped_queries == 0
+
+
+@pytest.mark.parametrize("gallery_gradient", [False, True])
+def test_empty_ref_emb_gives_zero_loss_and_counts_every_query_skipped(gallery_gradient):
+    x, labels = embeddings(n=8, seed=22)
+    ref = torch.zeros(0, 4, dtype=torch.float64, requires_grad=True)
+    loss_fn = RankedListLoss(gallery_gradient=gallery_gradient, collect_stats=True)
+    loss = loss_fn(x, labels, ref_emb=ref, ref_labels=torch.zeros(0, dtype=torch.long))
+    assert loss.item() == 0.0
+    (grad,) = torch.autograd.grad(loss, x)
+    assert (grad == 0).all()
+    assert loss_fn.num_valid_queries == 0 and loss_fn.num_skipped_queries == 8
+    assert loss_fn.num_pos_pairs == 0 and loss_fn.num_queries_nothing_mined == 8
+
+
+def test_valid_and_skipped_query_stats_on_a_normal_batch():
+    x, labels = embeddings(n=12, seed=23)
+    loss_fn = RankedListLoss(collect_stats=True)
+    loss_fn(x, labels)
+    assert loss_fn.num_valid_queries == 12 and loss_fn.num_skipped_queries == 0
+
+
+@pytest.mark.parametrize("gallery_gradient", [False, True])
+def test_autocast_bfloat16_finite_and_close_to_float32(gallery_gradient):
+    # Used to fail with "mat1 and mat2 must have the same dtype" (functional/euclidean.py).
+    gen = torch.Generator().manual_seed(24)
+    model = torch.nn.Linear(16, 8).float()
+    inputs = torch.randn(48, 16, generator=gen)
+    labels = torch.arange(48) % 6
+    loss_fn = RankedListLoss(gallery_gradient=gallery_gradient)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        emb = model(inputs)
+        assert emb.dtype == torch.bfloat16
+        loss = loss_fn(emb, labels)
+    assert loss.dtype == torch.float32
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads)
+    ref = loss_fn(model(inputs), labels)
+    ref_grads = torch.autograd.grad(ref, list(model.parameters()))
+    # bfloat16 embeddings carry ~3 significant digits; the loss is computed in float32 from them.
+    torch.testing.assert_close(loss, ref, rtol=2e-2, atol=1e-2)
+    for g, rg in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, rg, rtol=0.1, atol=2e-2)
+
+
+@pytest.mark.parametrize(
+    "indices_tuple, message",
+    [
+        (
+            (torch.tensor([0]), torch.tensor([1]), torch.tensor([0]), torch.tensor([-1])),
+            r"indices_tuple\[3\] \(negatives\) has negative index -1",
+        ),
+        (
+            (torch.tensor([-2]), torch.tensor([1]), torch.tensor([0]), torch.tensor([3])),
+            r"indices_tuple\[0\] \(positive anchors\) has negative index -2",
+        ),
+        (
+            (torch.tensor([0]), torch.tensor([2]), torch.tensor([0]), torch.tensor([40])),
+            r"indices_tuple\[3\] \(negatives\) has index 40 >= 8 reference rows",
+        ),
+        (
+            (torch.tensor([0]), torch.tensor([2]), torch.tensor([9])),
+            r"indices_tuple\[2\] \(negatives\) has index 9 >= 8 reference rows",
+        ),
+    ],
+)
+def test_bad_indices_tuple_raises_naming_the_element(indices_tuple, message):
+    # A negative index used to wrap around silently (the last row taken as the pair's partner).
+    x, labels = embeddings(n=8, seed=25)
+    with pytest.raises(ValueError, match=message):
+        RankedListLoss()(x, labels, indices_tuple)
+
+
+def test_bad_indices_with_miner_weights_raise_before_indexing():
+    x, labels = embeddings(n=8, seed=26)
+    from pml_rank_plugins.miners import WeightedPairs
+
+    i = torch.tensor([0])
+    bad = WeightedPairs(i, torch.tensor([1]), i, torch.tensor([-3]), weights=torch.ones(1))
+    with pytest.raises(ValueError, match=r"indices_tuple\[3\] \(negatives\) has negative"):
+        RankedListLoss()(x, labels, bad)
+    bad = WeightedPairs(i, torch.tensor([1]), torch.tensor([8]), i, weights=torch.ones(1))
+    with pytest.raises(ValueError, match=r"indices_tuple\[2\] \(negative anchors\) has index 8"):
+        RankedListLoss()(x, labels, bad)

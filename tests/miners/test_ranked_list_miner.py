@@ -208,3 +208,47 @@ def test_contrastive_loss_on_mined_pairs_is_rll_pair_margin_loss():
     expected = sum((xn[i] - xn[j]).norm() - (ALPHA - MARGIN) for i, j in pos)
     expected = expected + sum(ALPHA - (xn[i] - xn[j]).norm() for i, j in neg)
     torch.testing.assert_close(value, expected)
+
+
+def test_temperature_beyond_float32_range_gives_finite_weights():
+    # Used to give NaN weights (Tn rounded to inf in float32).
+    x, labels = make_embeddings_and_labels(n=16, dim=4, dtype=torch.float32, seed=20)
+    out = RankedListMiner(Tn=1e39)(x, labels)
+    limit = RankedListMiner(Tn=1e30)(x, labels)
+    assert torch.isfinite(out.weights).all() and len(out.weights) > 0
+    torch.testing.assert_close(out.weights, limit.weights)
+
+
+def test_empty_batch_or_ref_emb_gives_empty_tuples():
+    # Used to raise IndexError from amin().
+    x, labels = make_embeddings_and_labels(n=8, dim=4, seed=21)
+    empty_x, empty_labels = x[:0], labels[:0]
+    miner = RankedListMiner(collect_stats=True)
+    for args in ((empty_x, empty_labels), (x, labels, empty_x.detach(), empty_labels)):
+        out = miner(*args)
+        assert isinstance(out, WeightedPairs)
+        assert all(len(t) == 0 for t in out) and len(out.weights) == 0
+        assert miner.num_pos_pairs == 0 and miner.num_neg_pairs == 0
+    assert miner.num_anchors_nothing_mined == 8
+
+
+def test_autocast_bfloat16_mines_in_float32():
+    # Used to fail under autocast / return bfloat16 weights.
+    gen = torch.Generator().manual_seed(22)
+    model = torch.nn.Linear(16, 8)
+    inputs = torch.randn(48, 16, generator=gen)
+    labels = torch.arange(48) % 6
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        emb = model(inputs)
+        out = RankedListMiner()(emb, labels)
+        loss = RankedListLoss()(emb, labels, out)
+    assert out.weights.dtype == torch.float32 and torch.isfinite(out.weights).all()
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads)
+    # The same pairs as mining the bfloat16 embeddings in float32 outside autocast.
+    ref = RankedListMiner()(emb.detach().float(), labels)
+    assert all(torch.equal(a, b) for a, b in zip(out, ref, strict=True))
+    torch.testing.assert_close(out.weights, ref.weights)
+    # Within bfloat16 tolerance of mining the float32 embeddings.
+    loss32 = RankedListLoss()(model(inputs), labels, RankedListMiner()(model(inputs), labels))
+    torch.testing.assert_close(loss, loss32, rtol=2e-2, atol=1e-2)

@@ -122,8 +122,8 @@ def test_dataloader_batch_sampler_yields_exact_batches():
         (dict(batch_size=8, categories_per_batch=1), "categories_per_batch must be"),
         (dict(batch_size=8, batches_per_pair=0), "batches_per_pair"),
         (dict(batch_size=2), "part must hold >= 2"),
-        (dict(batch_size=1), "batch_size must be an int >= 2"),
-        (dict(batch_size=8, num_replicas=2, rank=2), "rank must be in"),
+        (dict(batch_size=1), "batch_size must be an integer >= 2"),
+        (dict(batch_size=8, num_replicas=2, rank=2), r"rank must be an integer in \[0, 1\]"),
         (dict(batch_size=400), "need >= 2 categories able to fill 200"),
     ],
 )

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 from pytorch_metric_learning.losses import MultiSimilarityLoss, ProxyAnchorLoss
@@ -116,8 +117,18 @@ def test_batch_smaller_than_a_chunk():
 @pytest.mark.parametrize("chunk_size", [0, -2, 1.5, True])
 def test_bad_chunk_size(chunk_size):
     x, y = data()
-    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+    with pytest.raises(ValueError, match="chunk_size must be an integer >= 1"):
         chunked_backward(mlp(), x, y, FastAPLoss(), chunk_size)
+
+
+def test_numpy_integer_chunk_size():
+    x, y = data()
+    model = mlp()
+    _, want = reference_grads(model, FastAPLoss(), None, x, y)
+    model.zero_grad()
+    chunked_backward(model, x, y, FastAPLoss(), np.int64(5))
+    for p, w in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, w, rtol=0, atol=1e-12)
 
 
 def test_empty_batch():

@@ -1,0 +1,224 @@
+"""Retrieval pictures of a trained run: sampled test queries with their top-K retrieved images.
+
+``retrieval.png``: ``num_queries`` test queries drawn with ``numpy.random.default_rng(seed)`` from
+the queries that have at least one same-class reference. The draw depends only on the test
+split's labels and the seed, never on the model, so every method of a comparison shows the
+**same** queries. Each row is the query (framed blue, with its AP) followed by its ``k`` nearest
+references, framed green when of the query's class and red otherwise.
+``worst_queries.png``: the same layout for the ``num_queries`` queries of lowest AP.
+``retrieval.json``: query positions, retrieved positions, correctness and AP behind both figures.
+
+Neighbours are ranked by cosine similarity of the embeddings the configured PML tester computes
+(``tester.get_all_embeddings``), the query itself excluded when it is in the reference set. AP of a
+query is over its full ranking: ``AP = (1/P) sum_{k: item k relevant} precision@k`` with ``P`` the
+number of same-class references (the definition PML's MAP@R truncates at R). O(Q R) memory for Q
+queries and R references.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from . import builder
+from .schema import load_yaml
+
+FRAME = {"query": "#1f5fbf", "correct": "#1a9e1a", "wrong": "#d62020"}
+
+
+def choose_queries(labels: Sequence[int], eligible: np.ndarray, num: int, seed: int) -> np.ndarray:
+    """Sorted positions of ``num`` queries drawn without replacement among ``eligible`` positions.
+
+    Depends only on ``labels``' length, ``eligible`` and ``seed`` (never on embeddings), so the
+    same test split gives the same queries for every method.
+    """
+    eligible = np.flatnonzero(np.asarray(eligible, dtype=bool))
+    if len(eligible) == 0:
+        raise ValueError("no query has a same-class reference; nothing to show")
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(eligible, size=min(num, len(eligible)), replace=False)
+    return np.sort(pick)
+
+
+def average_precision(relevant_ranked: np.ndarray) -> np.ndarray:
+    """AP of each row of a (Q, R) boolean matrix of relevance in rank order; NaN without positives.
+
+    ``AP = (1/P) sum_k rel_k * (#rel in 1..k) / k``. O(Q R).
+    """
+    rel = np.asarray(relevant_ranked, dtype=np.float64)
+    hits = np.cumsum(rel, axis=1)
+    ranks = np.arange(1, rel.shape[1] + 1)
+    num_pos = rel.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (rel * hits / ranks).sum(axis=1) / num_pos
+
+
+def _split_entry(config: dict, datasets: dict) -> tuple[str, list[str]]:
+    ev = builder.eval_settings(config)
+    entries = list(ev["test"] or []) or list(ev["validation"] or [])
+    pairs = builder.splits_to_eval(entries[:1], datasets) if entries else []
+    if not pairs:
+        raise ValueError("config has no eval.test (or eval.validation) split to draw queries from")
+    return pairs[0]
+
+
+def compute_retrieval(
+    run_dir: str | Path,
+    device: str | None = None,
+    num_queries: int = 8,
+    k: int = 5,
+    seed: int = 0,
+    which: str = "best",
+) -> dict:
+    """Rebuild ``run_dir``'s experiment, load its ``which`` checkpoint and rank the references.
+
+    Returns ``{"split", "reference", "queries": [...], "worst": [...]}``; each entry is
+    ``{"query": pos, "label", "ap", "retrieved": [pos...], "correct": [bool...]}`` with positions
+    into the query split and the concatenated reference splits.
+    """
+    run_dir = Path(run_dir)
+    config = load_yaml(run_dir / "config.yaml")
+    exp = builder.build_experiment(config, device)
+    ckpt = run_dir / "checkpoints" / f"{which}.pt"
+    if not ckpt.exists():
+        ckpt = run_dir / "checkpoints" / "latest.pt"
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    for name, sd in state["models"].items():
+        if name in exp.models:
+            exp.models[name].load_state_dict(sd)
+    qname, refs = _split_entry(config, exp.datasets)
+    tester = builder.build_tester(config, exp.device)
+    trunk, embedder = exp.models["trunk"], exp.models.get("embedder", torch.nn.Identity())
+
+    def embed(name):
+        emb, lab = tester.get_all_embeddings(exp.datasets[name], trunk, embedder)
+        return torch.nn.functional.normalize(emb.float(), dim=1).cpu(), lab[:, 0].cpu().numpy()
+
+    q_emb, q_lab = embed(qname)
+    r_parts = [embed(r) for r in refs]
+    r_emb = torch.cat([e for e, _ in r_parts])
+    r_lab = np.concatenate([lab for _, lab in r_parts])
+    sim = q_emb @ r_emb.T
+    same_set = refs == [qname]
+    if same_set:
+        sim.fill_diagonal_(-float("inf"))  # the query is not its own neighbour
+    num_ref = sim.shape[1] - int(same_set)
+    order = torch.argsort(sim, dim=1, descending=True)[:, :num_ref].numpy()
+    relevant = r_lab[order] == q_lab[:, None]
+    ap = average_precision(relevant)
+    eligible = relevant.any(axis=1)
+    chosen = choose_queries(q_lab, eligible, num_queries, seed)
+    worst = np.flatnonzero(eligible)[np.argsort(ap[eligible], kind="stable")[:num_queries]]
+
+    def entry(i):
+        return {
+            "query": int(i),
+            "label": int(q_lab[i]),
+            "ap": float(ap[i]),
+            "retrieved": order[i, :k].tolist(),
+            "correct": relevant[i, :k].tolist(),
+        }
+
+    return {
+        "split": qname,
+        "reference": refs,
+        "checkpoint": ckpt.name,
+        "seed": seed,
+        "k": k,
+        "queries": [entry(i) for i in chosen],
+        "worst": [entry(i) for i in worst],
+        "_datasets": (exp.datasets[qname], [exp.datasets[r] for r in refs]),
+    }
+
+
+def _image(dataset, pos: int) -> np.ndarray:
+    img = dataset[pos][0]
+    img = img.detach().float().cpu().numpy() if torch.is_tensor(img) else np.asarray(img, float)
+    if img.ndim == 3 and img.shape[0] in (1, 3):
+        img = np.moveaxis(img, 0, -1)
+    if img.ndim == 3 and img.shape[-1] == 1:
+        img = img[..., 0]
+    lo, hi = float(img.min()), float(img.max())
+    return (img - lo) / (hi - lo) if hi > lo else np.zeros_like(img)
+
+
+def draw_grid(rows: list[dict], query_set, ref_sets, title: str, path: Path) -> Path:
+    """One row per query: the query (blue frame, AP) and its top-k (green correct, red wrong)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ref_index = []
+    for ds in ref_sets:
+        ref_index += [(ds, i) for i in range(len(ds))]
+    k = max(len(r["retrieved"]) for r in rows)
+    fig, axes = plt.subplots(
+        len(rows), k + 1, figsize=(1.25 * (k + 1), 1.3 * len(rows) + 0.5), squeeze=False
+    )
+    for r, row in enumerate(rows):
+        cells = [(query_set, row["query"], FRAME["query"], f"AP {row['ap']:.2f}")]
+        for j, (pos, ok) in enumerate(zip(row["retrieved"], row["correct"])):
+            ds, i = ref_index[pos]
+            cells.append((ds, i, FRAME["correct" if ok else "wrong"], f"#{j + 1}"))
+        for c, ax in enumerate(axes[r]):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c >= len(cells):
+                ax.axis("off")
+                continue
+            ds, i, color, label = cells[c]
+            img = _image(ds, i)
+            ax.imshow(img, cmap="gray" if img.ndim == 2 else None, vmin=0, vmax=1)
+            for spine in ax.spines.values():
+                spine.set_edgecolor(color)
+                spine.set_linewidth(4 if c else 3)
+            ax.set_title(label, fontsize=7, color=color if c == 0 else "black", pad=2)
+    axes[0][0].annotate("query", (0.5, 1.35), xycoords="axes fraction", ha="center", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_retrieval_pictures(
+    run_dir: str | Path,
+    out_dir: str | Path | None = None,
+    device: str | None = None,
+    num_queries: int = 8,
+    k: int = 5,
+    seed: int = 0,
+) -> list[Path]:
+    """``retrieval.png``, ``worst_queries.png`` and ``retrieval.json`` for ``run_dir``'s best
+    checkpoint, written to ``out_dir`` (default ``run_dir``). Returns the three paths."""
+    run_dir = Path(run_dir)
+    out_dir = Path(out_dir or run_dir)
+    res = compute_retrieval(run_dir, device, num_queries, k, seed)
+    query_set, ref_sets = res.pop("_datasets")
+    name = load_yaml(run_dir / "config.yaml").get("name", run_dir.name)
+    where = f"{res['split']} split, {res['checkpoint']} of {run_dir.name}"
+    paths = [
+        draw_grid(
+            res["queries"],
+            query_set,
+            ref_sets,
+            f"{name}: top-{k} for {len(res['queries'])} random queries (seed {seed}; {where})",
+            out_dir / "retrieval.png",
+        ),
+        draw_grid(
+            res["worst"],
+            query_set,
+            ref_sets,
+            f"{name}: the {len(res['worst'])} queries of lowest AP ({where})",
+            out_dir / "worst_queries.png",
+        ),
+    ]
+    res["run_dir"] = str(run_dir)
+    paths.append(out_dir / "retrieval.json")
+    paths[-1].write_text(json.dumps(res, indent=2))
+    return paths

@@ -1,0 +1,205 @@
+"""``pml-rank sweep``: one method over a Cartesian grid of config overrides, every cell paired.
+
+``run_sweep("configs/default.yaml", "plugin FastAP", {"loss_funcs.metric_loss.num_bins":
+["5", "10", "20"]}, seeds=3, out_dir="runs/bins")`` trains every grid cell (an ordinary
+``--set KEY=VALUE`` override per key) with the same seeds ``seed, seed+1, ...``, so cells are
+compared on paired runs exactly like methods in :mod:`.compare`. Outputs in ``out_dir``:
+``<cell>/seed<i>/`` run folders, ``sweep.md``, ``sweep.csv`` (percent), ``sweep.json`` (every
+number; same statistics as ``compare``: 95% t intervals, paired differences vs the reference
+cell, t-test and Wilcoxon p) and ``sweep_<key>.png`` (primary metric vs each grid key with 95%
+bands; one line per combination of the other keys). ``resume`` skips finished runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import yaml
+
+from . import compare
+from .schema import ConfigError
+
+
+def parse_grid(specs: Iterable[str]) -> dict[str, list[str]]:
+    """``["a.b=1,2", "c=x,y"]`` -> ``{"a.b": ["1", "2"], "c": ["x", "y"]}`` (values kept as the
+    YAML text given, parsed like ``--set`` values when applied)."""
+    grid: dict[str, list[str]] = {}
+    for spec in specs:
+        key, sep, raw = str(spec).partition("=")
+        key = key.strip()
+        values = [v.strip() for v in raw.split(",") if v.strip()]
+        if not sep or not key or not values:
+            raise ConfigError(
+                f"--grid {spec!r}: expected KEY=V1,V2,... e.g. trainer.batch_size=32,64"
+            )
+        if key in grid:
+            raise ConfigError(f"--grid {key!r} given twice; put all its values in one --grid")
+        if len(set(values)) != len(values):
+            raise ConfigError(f"--grid {spec!r}: repeated value")
+        grid[key] = values
+    if not grid:
+        raise ConfigError("sweep: give at least one --grid KEY=V1,V2,...")
+    return grid
+
+
+def _short_keys(keys: Sequence[str]) -> dict[str, str]:
+    """The last dotted segment of each key when those are unique, else the full keys."""
+    last = [k.split(".")[-1] for k in keys]
+    return dict(zip(keys, last if len(set(last)) == len(last) else keys))
+
+
+def grid_cells(grid: Mapping[str, Sequence[str]]) -> dict[str, dict[str, str]]:
+    """``{cell name: {key: value}}`` over the Cartesian product, first key varying slowest."""
+    short = _short_keys(list(grid))
+    cells = {}
+    for combo in itertools.product(*grid.values()):
+        assign = dict(zip(grid, combo))
+        cells[",".join(f"{short[k]}={v}" for k, v in assign.items())] = assign
+    return cells
+
+
+def run_sweep(
+    config: str | Path | Mapping,
+    method: str | None,
+    grid: Mapping[str, Sequence[str]] | Sequence[str],
+    out_dir: str | Path,
+    seeds: int = 1,
+    overrides: Iterable[str] = (),
+    resume: bool = False,
+    reference: str | None = None,
+    device: str | None = None,
+    jobs: int = 1,
+    pictures: bool = False,
+) -> dict:
+    """Train ``method`` of ``config`` at every grid cell x seed; write ``sweep.*`` and plots.
+
+    ``grid``: ``{key: [values]}`` or ``--grid`` strings. ``method`` may be None when the config
+    has a single method. ``reference``: a cell name (default: the first cell). All cell configs
+    are validated and their objects built before the first run (fail fast); failed runs are
+    reported, not fatal (``summary["failed"]``). Returns the summary dict.
+    """
+    out_dir = Path(out_dir)
+    method, grid, cells, configs = prepare_sweep(config, method, grid, overrides, reference)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    all_jobs = compare.make_jobs(configs, out_dir, seeds)
+    results = compare.execute(all_jobs, resume, device, jobs, desc="sweep")
+    primary = compare.primary_metric(next(iter(configs.values())))
+    summary = compare.summarize(results, reference=reference, primary=primary, label="cell")
+    summary.update(
+        method=method,
+        grid=grid,
+        cells=cells,
+        seeds=seeds,
+        jobs=jobs,
+        total_wall_seconds=time.perf_counter() - t0,
+    )
+    if pictures:
+        summary["pictures"] = compare.write_pictures(results, all_jobs, device)
+    compare.write_outputs(summary, results, out_dir, stem="sweep")
+    summary["plots"] = [str(p) for p in write_sweep_plots(summary, out_dir)]
+    (out_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def prepare_sweep(
+    config: str | Path | Mapping,
+    method: str | None,
+    grid: Mapping[str, Sequence[str]] | Sequence[str],
+    overrides: Iterable[str] = (),
+    reference: str | None = None,
+) -> tuple[str, dict, dict, dict]:
+    """Validate everything before any run: returns ``(method, grid, cells, {cell: config})``.
+
+    Raises ``ConfigError``/``ValueError`` (bad grid, unknown method or reference cell, a cell whose
+    config does not validate or whose objects cannot be built).
+    """
+    if isinstance(grid, Mapping):
+        grid = {k: [str(v) for v in vals] for k, vals in grid.items()}
+    else:
+        grid = parse_grid(grid)
+    overrides = list(overrides)
+    if method is None:
+        available = compare.collect_methods([config], overrides, None)
+        if len(available) != 1:
+            raise ConfigError(
+                f"sweep: the config has methods {list(available)}; pick one: --method"
+            )
+        method = next(iter(available))
+    cells = grid_cells(grid)
+    if reference is not None and reference not in cells:
+        raise ValueError(f"--reference {reference!r}: not a cell; cells: {list(cells)}")
+    configs = {}
+    for name, assign in cells.items():
+        sets = overrides + [f"{k}={v}" for k, v in assign.items()]
+        configs[name] = compare.collect_methods([config], sets, [method])[method]
+    compare.check_configs(configs)
+    return method, grid, cells, configs
+
+
+def _numeric(values: Sequence[str]) -> list[float] | None:
+    try:
+        out = [yaml.safe_load(v) for v in values]
+    except yaml.YAMLError:
+        return None
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in out):
+        return [float(v) for v in out]
+    return None
+
+
+def write_sweep_plots(summary: dict, out_dir: Path) -> list[Path]:
+    """``sweep_<key>.png`` per grid key: the primary test metric (mean, 95% band) vs the key's
+    values (numeric axis when all values are numbers), one line per setting of the other keys."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid, cells, rows = summary["grid"], summary["cells"], summary["rows"]
+    primary = summary["primary_metric"]
+    label = compare.metric_label(primary)
+    paths = []
+    for key, values in grid.items():
+        xs = _numeric(values)
+        x_of = dict(zip(values, xs if xs else range(len(values))))
+        others = [k for k in grid if k != key]
+        groups: dict[tuple, list[tuple[float, dict]]] = {}
+        for name, assign in cells.items():
+            st = rows[name].get(primary)
+            if st:
+                groups.setdefault(tuple(assign[k] for k in others), []).append(
+                    (x_of[assign[key]], st)
+                )
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for other, pts in groups.items():
+            pts.sort(key=lambda p: p[0])
+            x = np.array([p[0] for p in pts])
+            m = np.array([100 * p[1]["mean"] for p in pts])
+            h = np.array([100 * (p[1]["ci_half_width"] or 0.0) for p in pts])
+            name = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(others, other)) or None
+            (line,) = ax.plot(x, m, marker="o", label=name)
+            ax.fill_between(x, m - h, m + h, color=line.get_color(), alpha=0.2)
+        if not xs:
+            ax.set_xticks(range(len(values)))
+            ax.set_xticklabels(values)
+        elif len(xs) > 2 and min(xs) > 0 and max(xs) / min(xs) >= 8:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs)
+            ax.set_xticklabels(values)
+        ax.set_xlabel(key)
+        ax.set_ylabel(f"test {label} (%), mean, 95% CI")
+        ax.set_title(f"{summary['method']}: {label} vs {key.split('.')[-1]}", fontsize=9)
+        ax.grid(alpha=0.3)
+        if others:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"sweep_{compare.slug(key)}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

@@ -1,0 +1,83 @@
+"""Clear errors at the call for bad inputs to the histogram-AP losses (issue 12, items 5, 14)."""
+
+import numpy as np
+import pytest
+import torch
+
+from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss
+
+LOSSES = [FastAPLoss, QuantizedAPLoss]
+
+
+@pytest.fixture
+def batch():
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(8, 4, generator=gen, requires_grad=True), torch.arange(8) % 2
+
+
+@pytest.mark.parametrize("loss_class", LOSSES)
+@pytest.mark.parametrize(
+    "indices_tuple, message",
+    [
+        (
+            (torch.tensor([0]), torch.tensor([1]), torch.tensor([0]), torch.tensor([-1])),
+            r"indices_tuple\[3\] \(negatives\) has negative index -1",
+        ),
+        (
+            (torch.tensor([0]), torch.tensor([2]), torch.tensor([0]), torch.tensor([40])),
+            r"indices_tuple\[3\] \(negatives\) has index 40 >= 8 reference rows",
+        ),
+        (
+            (torch.tensor([0]), torch.tensor([2]), torch.tensor([9])),
+            r"indices_tuple\[2\] \(negatives\) has index 9 >= 8 reference rows",
+        ),
+    ],
+)
+def test_bad_indices_tuple_raises_naming_the_element(loss_class, batch, indices_tuple, message):
+    emb, labels = batch
+    with pytest.raises(ValueError, match=message):
+        loss_class()(emb, labels, indices_tuple)
+
+
+@pytest.mark.parametrize("loss_class", LOSSES)
+def test_bool_labels_are_refused(loss_class, batch):
+    emb, labels = batch
+    with pytest.raises(ValueError, match=r"labels.*bool"):
+        loss_class()(emb, labels.bool())
+
+
+@pytest.mark.parametrize("loss_class", LOSSES)
+@pytest.mark.parametrize("shape", [(8,), (8, 2, 2)])
+def test_embeddings_must_be_2d(loss_class, shape):
+    emb = torch.randn(*shape, requires_grad=True)
+    with pytest.raises(ValueError, match=r"embeddings must be 2-D \(N, D\), got shape"):
+        loss_class()(emb, torch.arange(8) % 2)
+
+
+@pytest.mark.parametrize("loss_class", LOSSES)
+def test_ref_emb_must_match_embedding_width(loss_class, batch):
+    emb, labels = batch
+    with pytest.raises(ValueError, match=r"ref_emb must be 2-D .* 4 columns.*got shape \(6, 3\)"):
+        loss_class()(emb, labels, ref_emb=torch.randn(6, 3), ref_labels=torch.arange(6) % 2)
+
+
+@pytest.mark.parametrize("loss_class", LOSSES)
+@pytest.mark.parametrize("num_bins", [True, 2.0, 10.5, "10"])
+def test_num_bins_must_be_an_integer(loss_class, num_bins):
+    with pytest.raises(ValueError, match="num_bins must be an integer"):
+        loss_class(num_bins=num_bins)
+
+
+@pytest.mark.parametrize("loss_class", LOSSES)
+def test_numpy_integer_sizes_are_accepted(loss_class, batch):
+    emb, labels = batch
+    loss = loss_class(num_bins=np.int64(12), chunk_size=np.int32(3))
+    assert type(loss.num_bins) is int and type(loss.chunk_size) is int
+    assert torch.isfinite(loss(emb, labels))
+
+
+@pytest.mark.parametrize("loss_class", LOSSES)
+@pytest.mark.parametrize("chunk_size", [0, True, 2.5])
+def test_chunk_size_must_be_a_positive_integer(loss_class, chunk_size):
+    with pytest.raises(ValueError, match="chunk_size must be an integer >= 1"):
+        loss_class(chunk_size=chunk_size)
