@@ -186,7 +186,9 @@ def run_job(job: Job, resume: bool, device: str | None = None) -> dict:
     run_dir = job.run_dir
     done = run_dir / "metrics.json"
     if resume and done.exists():
-        return json.loads(done.read_text())
+        metrics = json.loads(done.read_text())
+        if metrics.get("status") != "failed":  # runner.train records failures there too
+            return metrics
     if not resume and run_dir.exists():
         shutil.rmtree(run_dir)
     (run_dir / FAILED_FILE).unlink(missing_ok=True)
