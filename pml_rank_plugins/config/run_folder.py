@@ -127,7 +127,14 @@ def remove_partial_writes(run_dir: str | Path) -> list[Path]:
     return leftovers
 
 
-_UNREADABLE = (RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError, zipfile.BadZipFile)
+_UNREADABLE = (
+    RuntimeError,
+    EOFError,
+    OSError,
+    pickle.UnpicklingError,
+    ValueError,
+    zipfile.BadZipFile,
+)
 
 
 def load_checkpoint(path: str | Path, required: tuple[str, ...] = ("epoch",)) -> dict:
