@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/pml-rank compare configs/default.yaml --out runs/default
+	OMP_NUM_THREADS=1 $(VENV)/bin/pml-rank compare configs/default.yaml --seeds 3 --jobs 2 --out runs/default
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q

@@ -5,6 +5,8 @@ pml-rank eval RUN_DIR [--which best|latest]
 pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--reference NAME] [--jobs K]
 pml-rank sweep CONFIG --method NAME --grid KEY=V1,V2 [--grid ...] [--seeds N] [--out DIR]
 pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to
+torchrun --nproc_per_node=R -m pml_rank_plugins train|compare ...   # R processes, one
+    global batch (trainer.batch_size) split over them; see the README's "Scaling" section
 
 CONFIG is a YAML file or the name of a shipped config (``default``, ``omniglot``); a file wins.
 Exit status: 0 success, 1 the run failed (non-finite loss, bad data, busy or unreadable run
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import compare, registry, runner, sweep
+from .config import compare, distributed, registry, runner, sweep
 from .config.compare import slug
 from .config.faults import NonFiniteError
 from .config.registry import UnknownNameError
@@ -230,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     except RUN_ERRORS as e:
         _report(args, "error", e)
         return 1
+    finally:
+        distributed.shutdown()  # under torchrun: the process group runner.train started
 
 
 def _closed_pipe() -> int:
@@ -273,7 +277,8 @@ def _run(args) -> int:
             metrics = runner.train(
                 cfg, run_dir, resume=args.resume, device=args.device, overwrite=args.overwrite
             )
-            print(json.dumps({"run_dir": str(run_dir), "test": metrics.get("test")}, indent=2))
+            if distributed.is_main_process():  # torchrun: one report, from rank 0
+                print(json.dumps({"run_dir": str(run_dir), "test": metrics.get("test")}, indent=2))
     elif args.command == "eval":
         print(json.dumps(runner.evaluate(args.run_dir, args.which, args.device), indent=2))
     elif args.command == "compare":
@@ -295,8 +300,9 @@ def _run(args) -> int:
             jobs=args.jobs,
             **_overwrite_kwarg(args),
         )
-        print(compare.markdown_table(summary))
-        print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
+        if distributed.is_main_process():  # torchrun: one report, from rank 0
+            print(compare.markdown_table(summary))
+            print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
         return _report_failures(summary)
     elif args.command == "sweep":
         (path,) = _config_paths([args.config])

@@ -93,3 +93,16 @@ def test_run_json_reports_a_failing_child():
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         run_json(["-c", "1 / 0"])
     assert run_json(["-c", "print('noise'); print('{\"a\": 1}')"]) == {"a": 1}
+
+
+@pytest.mark.slow  # 4 subprocesses, 2 of them spawning 2 gloo processes (about 40 s of CPU)
+def test_bench_distributed_prints_four_cases_and_ratios():
+    out = run_script(
+        "bench_distributed.py",
+        *("--batch", "16", "--chunk", "4", "--warmup", "0", "--repeats", "1", "--rounds", "1"),
+        "--single-pass",
+    )
+    rows = table_rows(out)
+    assert [row[0] for row in rows] == ["plain R=1", "plain R=2", "chunked R=1", "chunked R=2"]
+    assert [row[2] for row in rows] == ["16", "8", "16", "8"]
+    assert "plain: 2-process / 1-process time" in out and "chunked: 2-process" in out

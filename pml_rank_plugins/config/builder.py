@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..trainers import distributed as scaled
 from . import registry
 from .evaluation import DEFAULT_METRICS, make_accuracy_calculator, make_tester
 from .schema import ConfigError, is_object_spec, spec_name_and_kwargs
@@ -316,6 +317,11 @@ def build_experiment(config: dict, device: torch.device | str | None = None) -> 
     num_epochs = int(tkwargs.pop("num_epochs", 1))
     if num_epochs < 1:
         raise ConfigError(f"trainer: num_epochs must be >= 1, got {num_epochs}")
+    amp = tkwargs.pop("amp", None)
+    try:
+        scaled.parse_amp(amp)
+    except ValueError as e:
+        raise ConfigError(f"trainer.{tname}.{e}") from None
     registry.check_keywords(trainer_cls, tkwargs, "trainer")
     if "batch_size" not in tkwargs:
         raise ConfigError("trainer: batch_size is required")
@@ -339,6 +345,7 @@ def build_experiment(config: dict, device: torch.device | str | None = None) -> 
         trainer_cls=trainer_cls,
         trainer_kwargs=tkwargs,
         num_epochs=num_epochs,
+        extra={"amp": amp, "grad_scaler": scaled.make_grad_scaler(amp, device)},
     )
 
 
@@ -349,8 +356,14 @@ def make_trainer(exp: Experiment, end_of_iteration_hook=None, end_of_epoch_hook=
     kwargs.setdefault("data_device", exp.device)
     if "label_hierarchy_level" in _named_params(exp.trainer_cls):
         kwargs.setdefault("label_hierarchy_level", 0)
-    return exp.trainer_cls(
-        models=exp.models,
+    trainer_cls, models = exp.trainer_cls, exp.models
+    if exp.extra.get("amp") is not None or scaled.world_size() > 1:
+        # global-batch data parallelism + autocast; exp.models stay unwrapped (checkpoints, eval)
+        trainer_cls = scaled.distributed_trainer_class(trainer_cls)
+        models = scaled.wrap_ddp(models, exp.device, kwargs.get("freeze_these", ()))
+        kwargs.update(amp=exp.extra.get("amp"), grad_scaler=exp.extra.get("grad_scaler"))
+    return trainer_cls(
+        models=models,
         optimizers=exp.optimizers,
         loss_funcs=exp.loss_funcs,
         mining_funcs=exp.mining_funcs,

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import tqdm
 
-from . import registry, runner, statistics
+from . import distributed, registry, runner, statistics
 from .schema import (
     ConfigError,
     apply_set,
@@ -189,9 +189,12 @@ def run_job(job: Job, resume: bool, device: str | None = None) -> dict:
         metrics = json.loads(done.read_text())
         if metrics.get("status") != "failed":  # runner.train records failures there too
             return metrics
-    if not resume and run_dir.exists():
+    main = distributed.is_main_process()  # under torchrun every rank trains, rank 0 writes
+    if not resume and run_dir.exists() and main:
         shutil.rmtree(run_dir)
-    (run_dir / FAILED_FILE).unlink(missing_ok=True)
+    if main:
+        (run_dir / FAILED_FILE).unlink(missing_ok=True)
+    distributed.barrier()
     t0 = time.perf_counter()
     try:
         dev = job_device(job.config, device, _WORKER_SLOT)
@@ -206,11 +209,14 @@ def run_job(job: Job, resume: bool, device: str | None = None) -> dict:
             "wall_seconds": time.perf_counter() - t0,
         }
         LOGGER.error("run %s/%s failed: %s", job.name, job.run_id, record["error"])
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / FAILED_FILE).write_text(json.dumps(record, indent=2))
+        if main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / FAILED_FILE).write_text(json.dumps(record, indent=2))
         return record
     metrics["wall_seconds"] = time.perf_counter() - t0
-    done.write_text(json.dumps(metrics, indent=2))
+    if main:
+        done.write_text(json.dumps(metrics, indent=2))
+    distributed.barrier()
     return metrics
 
 
@@ -225,6 +231,8 @@ def execute(
     """
     if n_jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {n_jobs}")
+    if n_jobs > 1 and distributed.world_size() > 1:
+        raise ValueError("--jobs > 1 cannot be combined with torchrun; use one or the other")
     results: dict[str, dict[str, dict]] = {}
     for job in jobs:
         results.setdefault(job.name, {})[job.run_id] = {}
@@ -289,9 +297,11 @@ def run_comparison(
     summary["total_wall_seconds"] = time.perf_counter() - t_all
     summary["seeds"] = seeds
     summary["jobs"] = jobs
-    if pictures:
-        summary["pictures"] = write_pictures(results, all_jobs, device)
-    write_outputs(summary, results, out_dir)
+    if distributed.is_main_process():  # under torchrun: rank 0 writes
+        if pictures:
+            summary["pictures"] = write_pictures(results, all_jobs, device)
+        write_outputs(summary, results, out_dir)
+    distributed.barrier()
     return summary
 
 
@@ -306,7 +316,7 @@ def write_pictures(results: dict, jobs: Sequence[Job], device: str | None) -> di
     out = {}
     for name, by_run in results.items():
         job = next(
-            (j for j in jobs if j.name == name and not by_run.get(j.run_id, {}).get("failed")),
+            (j for j in jobs if j.name == name and not is_failed(by_run.get(j.run_id, {}))),
             None,
         )
         if job is None:
@@ -331,6 +341,11 @@ def write_outputs(summary: dict, results: dict, out_dir: Path, stem: str = "comp
 
 
 # --------------------------------------------------------------------------- statistics
+
+
+def is_failed(m: dict) -> bool:
+    """A failure record of :func:`run_job` or a ``metrics.json`` the runner marked failed."""
+    return bool(m.get("failed")) or m.get("status") == "failed"
 
 
 def _test_metrics(m: dict) -> dict:
@@ -370,7 +385,7 @@ def summarize(
         for rid, m in by_run.items():
             if rid not in run_ids:
                 run_ids.append(rid)
-            if m.get("failed"):
+            if is_failed(m):
                 failed.append({label: name, "run_id": rid, "error": m.get("error", "?")})
                 continue
             ok[name][rid] = _test_metrics(m)
@@ -384,7 +399,7 @@ def summarize(
     rows = {}
     for name, by_run in results.items():
         row = dict(stats["stats"][name])
-        good = [m for m in by_run.values() if not m.get("failed")]
+        good = [m for m in by_run.values() if not is_failed(m)]
         secs = [
             float(m.get("wall_seconds", m.get("train_seconds_this_call", np.nan))) for m in good
         ]
@@ -393,11 +408,11 @@ def summarize(
             "values": secs,
         }
         row["best_epoch"] = {
-            rid: m.get("best", {}).get("epoch") for rid, m in by_run.items() if not m.get("failed")
+            rid: m.get("best", {}).get("epoch") for rid, m in by_run.items() if not is_failed(m)
         }
         row["n_runs"] = len(by_run)
         row["n_failed"] = len(by_run) - len(good)
-        row["failed"] = {rid: m.get("error", "?") for rid, m in by_run.items() if m.get("failed")}
+        row["failed"] = {rid: m.get("error", "?") for rid, m in by_run.items() if is_failed(m)}
         rows[name] = row
     return {
         "label": label,
@@ -422,10 +437,10 @@ def load_run_dirs(out_dir: str | Path) -> dict[str, dict[str, dict]]:
     out_dir = Path(out_dir)
     found: dict[str, dict[str, dict]] = {}
     for run_dir in sorted(p.parent for p in out_dir.glob("*/*/config.yaml")):
-        if (run_dir / "metrics.json").exists():
-            m = json.loads((run_dir / "metrics.json").read_text())
-        elif (run_dir / FAILED_FILE).exists():
+        if (run_dir / FAILED_FILE).exists():  # written after the runner's metrics.json
             m = json.loads((run_dir / FAILED_FILE).read_text())
+        elif (run_dir / "metrics.json").exists():
+            m = json.loads((run_dir / "metrics.json").read_text())
         else:
             continue  # interrupted: neither finished nor failed
         name = m.get("name") or run_dir.parent.name
@@ -621,8 +636,7 @@ def write_plots(results: dict, out_dir: Path, summary: dict | None = None) -> li
 
     primary = (summary or {}).get("primary_metric", DEFAULT_PRIMARY)
     ok = {
-        name: [m for m in by_run.values() if not m.get("failed")]
-        for name, by_run in results.items()
+        name: [m for m in by_run.values() if not is_failed(m)] for name, by_run in results.items()
     }
     paths = []
     fig, ax = plt.subplots(figsize=(7, 4.5))

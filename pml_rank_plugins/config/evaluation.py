@@ -31,6 +31,24 @@ def faiss_available() -> bool:
     return True
 
 
+def faiss_gpu_count() -> int:
+    """GPUs faiss can use (``faiss.get_num_gpus()``; 0 for faiss-cpu or without faiss)."""
+    if not faiss_available():
+        return 0
+    faiss = importlib.import_module("faiss")
+    return int(faiss.get_num_gpus()) if hasattr(faiss, "get_num_gpus") else 0
+
+
+def knn_backend(device: torch.device | str | None, faiss_installed: bool, faiss_gpus: int) -> str:
+    """Which k-NN search evaluation uses: ``"faiss-gpu"`` (faiss-gpu installed, e.g. ``pip install
+    .[gpu]``, and the embeddings on a CUDA device), ``"faiss-cpu"`` (faiss installed),
+    ``"CustomKNN"`` (no faiss: PML's exact torch search on ``device``)."""
+    device = torch.device(device or "cpu")
+    if not faiss_installed:
+        return "CustomKNN"
+    return "faiss-gpu" if device.type == "cuda" and faiss_gpus > 0 else "faiss-cpu"
+
+
 def recall_at_k(knn_labels: torch.Tensor, query_labels: torch.Tensor, k: int) -> float:
     """Fraction of queries with >= 1 match among the first ``k`` neighbours.
 
@@ -92,7 +110,9 @@ def make_accuracy_calculator(
 
     ``use_faiss=None`` picks faiss when it imports; with faiss absent PML's default ``FaissKNN``
     would raise ``NameError``, so cosine-similarity ``CustomKNN`` is used instead (same
-    neighbours on L2-normalised embeddings).
+    neighbours on L2-normalised embeddings). With faiss-gpu and a CUDA ``device`` the search runs
+    on that one GPU (PML's default would spread the index over every visible GPU); see
+    :func:`knn_backend`.
     """
     if use_faiss is None:
         use_faiss = faiss_available()
@@ -101,6 +121,12 @@ def make_accuracy_calculator(
     if not use_faiss:
         kwargs["knn_func"] = CustomKNN(CosineSimilarity())
         kwargs["kmeans_func"] = _NoKMeans()
+    elif knn_backend(device, True, faiss_gpu_count()) == "faiss-gpu":
+        from pytorch_metric_learning.utils.inference import FaissKNN
+
+        index = torch.device(device).index
+        gpu = index if index is not None else torch.cuda.current_device()
+        kwargs["knn_func"] = FaissKNN(reset_before=False, reset_after=False, gpus=[gpu])
     return RecallAtKAccuracyCalculator(
         recall_at_k=recall_at_k,
         include=include,

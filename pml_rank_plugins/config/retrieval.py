@@ -161,7 +161,7 @@ def draw_grid(rows: list[dict], query_set, ref_sets, title: str, path: Path) -> 
         len(rows), k + 1, figsize=(1.25 * (k + 1), 1.3 * len(rows) + 0.5), squeeze=False
     )
     for r, row in enumerate(rows):
-        cells = [(query_set, row["query"], FRAME["query"], f"AP {row['ap']:.2f}")]
+        cells = [(query_set, row["query"], FRAME["query"], f"query, AP {row['ap']:.2f}")]
         for j, (pos, ok) in enumerate(zip(row["retrieved"], row["correct"])):
             ds, i = ref_index[pos]
             cells.append((ds, i, FRAME["correct" if ok else "wrong"], f"#{j + 1}"))
@@ -178,8 +178,7 @@ def draw_grid(rows: list[dict], query_set, ref_sets, title: str, path: Path) -> 
                 spine.set_edgecolor(color)
                 spine.set_linewidth(4 if c else 3)
             ax.set_title(label, fontsize=7, color=color if c == 0 else "black", pad=2)
-    axes[0][0].annotate("query", (0.5, 1.35), xycoords="axes fraction", ha="center", fontsize=8)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title + "\nframes: blue query, green same class, red other class", fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -17,6 +17,7 @@ interrupted after epoch e and resumed reaches bit-identical weights to an uninte
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 from pytorch_metric_learning.utils import logging_presets
 
-from . import builder, faults, run_folder
+from . import builder, distributed, faults, run_folder
 from .schema import MISSING, ConfigError, config_diff, dump_yaml, load_yaml, validate
 
 LOGGER = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ def make_checkpoint(exp: builder.Experiment, epoch: int, history: list, best: di
         "mining_funcs": _state_dicts(exp.mining_funcs),
         "sampler": sampler_state(sampler),
         "rng": rng_state(),
+        "extra": _state_dicts({k: v for k, v in exp.extra.items() if v is not None}),
         "history": history,
         "best": best,
     }
@@ -141,6 +143,7 @@ def restore_checkpoint(exp: builder.Experiment, ckpt: dict) -> None:
     _load_state_dicts(exp.loss_funcs, ckpt["loss_funcs"])
     _load_state_dicts(exp.mining_funcs, ckpt["mining_funcs"])
     load_sampler_state(exp.sampler, ckpt.get("sampler"))
+    _load_state_dicts(exp.extra, ckpt.get("extra", {}))  # e.g. the float16 GradScaler
     set_rng_state(ckpt["rng"])
 
 
@@ -233,8 +236,7 @@ def _plateaued(patience: int | None, best: dict, epoch: int) -> bool:
     return patience is not None and best["epoch"] is not None and epoch - best["epoch"] > patience
 
 
-def _prepare(config, run_dir: Path, resume: bool, overwrite: bool) -> tuple[dict, bool]:
-    """Validate the config and make the (locked) folder ready; returns (config, resuming)."""
+def _load_config(config: dict | None, run_dir: Path) -> dict:
     saved_cfg = run_dir / "config.yaml"
     if config is None:
         if not saved_cfg.exists():
@@ -242,6 +244,12 @@ def _prepare(config, run_dir: Path, resume: bool, overwrite: bool) -> tuple[dict
         config = load_yaml(saved_cfg)
     config = plain(config)
     validate(config)
+    return config
+
+
+def _prepare(config: dict, run_dir: Path, resume: bool, overwrite: bool) -> bool:
+    """Make the (locked) folder ready and save the config; returns whether the run resumes."""
+    saved_cfg = run_dir / "config.yaml"
     resuming = resume and (run_dir / "checkpoints" / "latest.pt").exists()
     if resume and not resuming:
         LOGGER.warning("--resume: no checkpoint in %s; starting from scratch", run_dir)
@@ -251,7 +259,7 @@ def _prepare(config, run_dir: Path, resume: bool, overwrite: bool) -> tuple[dict
     if resuming and saved_cfg.exists():
         check_resume_config(load_yaml(saved_cfg), config, saved_cfg)
     dump_yaml(config, saved_cfg)
-    return config, resuming
+    return resuming
 
 
 def train(
@@ -267,21 +275,35 @@ def train(
     ``resume=True`` continues from ``checkpoints/latest.pt`` (``config`` may be ``None`` to reuse
     ``run_dir/config.yaml``; only :data:`BUDGET_KEYS` may differ from it, e.g. more epochs to
     extend a finished run). Without ``resume``, a folder that already holds a run is refused
-    unless ``overwrite``. The folder is locked for the whole call (:func:`run_folder.lock`).
-    ``stop_after_epoch`` stops early as if interrupted (for tests and budgeted runs); the run
-    can then be resumed. A non-finite loss or gradient raises :class:`faults.NonFiniteError`;
-    any failure during training is recorded in ``metrics.json`` (``"status": "failed"``).
+    unless ``overwrite``. The folder is locked for the whole call (:func:`run_folder.lock`; under
+    torchrun by rank 0, which alone writes files and evaluates). ``stop_after_epoch`` stops
+    early as if interrupted (for tests and budgeted runs); the run can then be resumed. A
+    non-finite loss or gradient raises :class:`faults.NonFiniteError`; any failure during
+    training is recorded in ``metrics.json`` (``"status": "failed"``).
     """
     run_dir = Path(run_dir)
-    with run_folder.lock(run_dir):
-        config, resuming = _prepare(config, run_dir, resume, overwrite)
-        return _train(config, run_dir, resuming, stop_after_epoch, device)
+    config = _load_config(config, run_dir)
+    ctx = distributed.setup(device or config.get("device"))
+    with contextlib.ExitStack() as stack:
+        outcome: bool | Exception | None = None
+        if ctx.is_main:
+            try:
+                stack.enter_context(run_folder.lock(run_dir))
+                outcome = _prepare(config, run_dir, resume, overwrite)
+            except Exception as e:  # every rank must raise it, not wait for rank 0
+                outcome = e
+        outcome = distributed.broadcast_object(outcome)
+        if isinstance(outcome, Exception):
+            raise outcome
+        distributed.barrier()
+        return _train(config, run_dir, bool(outcome), stop_after_epoch, ctx)
 
 
-def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, device) -> dict:
+def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx) -> dict:
     t0 = time.perf_counter()
+    main = ctx.is_main
     ckpt_path = run_dir / "checkpoints" / "latest.pt"
-    exp = builder.build_experiment(config, device)
+    exp = builder.build_experiment(config, ctx.device)
     ev = builder.eval_settings(config)
     val_entries = list(ev["validation"] or [])
     val_entries = [e for e in val_entries if _split_name(e) in exp.datasets]
@@ -292,7 +314,7 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, device) -> d
     best = {"epoch": None, "value": None}
     start_epoch, stopped_early = 1, False
     if resuming:
-        ckpt = load_checkpoint(ckpt_path)
+        ckpt = distributed.broadcast_object(load_checkpoint(ckpt_path) if main else None)
         restore_checkpoint(exp, ckpt)
         history, best = ckpt["history"], ckpt["best"]
         # Re-judged with the (possibly changed) patience, so a longer patience continues it.
@@ -300,9 +322,11 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, device) -> d
         start_epoch = exp.num_epochs + 1 if stopped_early else ckpt["epoch"] + 1
         LOGGER.info("resuming %s at epoch %d", run_dir, start_epoch)
 
-    record_keeper, tb_writer, hooks = make_logging(run_dir, primary, val_split, resuming)
-    tester = builder.build_tester(config, exp.device, hooks.end_of_testing_hook)
-    check = faults.NonFiniteCheck(chained=hooks.end_of_iteration_hook)
+    record_keeper = tb_writer = tester = hooks = None
+    if main:
+        record_keeper, tb_writer, hooks = make_logging(run_dir, primary, val_split, resuming)
+        tester = builder.build_tester(config, exp.device, hooks.end_of_testing_hook)
+    check = faults.NonFiniteCheck(chained=hooks.end_of_iteration_hook if main else None)
     trainer = builder.make_trainer(exp, end_of_iteration_hook=check)
 
     epoch = start_epoch
@@ -315,15 +339,19 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, device) -> d
             trainer.train(start_epoch=epoch, num_epochs=epoch)
             row: dict[str, Any] = {"epoch": epoch, "train_loss": check.mean_loss()}
             if val_entries and (epoch % int(ev["test_interval"]) == 0 or epoch == exp.num_epochs):
-                row["validation"] = run_eval(tester, exp, val_entries, epoch)
+                row["validation"] = distributed.broadcast_object(
+                    run_eval(tester, exp, val_entries, epoch) if main else None
+                )
+                distributed.sync_rng_state(rng_state, set_rng_state)
                 value = row["validation"][val_split].get(primary)
                 trainer.step_lr_plateau_schedulers(value)
                 if value is not None and (best["value"] is None or value > best["value"]):
                     best = {"epoch": epoch, "value": value}
-                    atomic_torch_save(
-                        {"epoch": epoch, "models": _state_dicts(exp.models)},
-                        run_dir / "checkpoints" / "best.pt",
-                    )
+                    if main:
+                        atomic_torch_save(
+                            {"epoch": epoch, "models": _state_dicts(exp.models)},
+                            run_dir / "checkpoints" / "best.pt",
+                        )
             history.append(row)
             if record_keeper is not None:
                 record_keeper.save_records()
@@ -332,21 +360,24 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, device) -> d
                     "validation %s plateaued for %s epochs; stopping", primary, ev["patience"]
                 )
                 stopped_early = True
-            ckpt = make_checkpoint(exp, epoch, history, best)
-            ckpt["stopped_early"] = stopped_early
-            atomic_torch_save(ckpt, ckpt_path)
-            LOGGER.info(epoch_line(row, exp.num_epochs, val_split, primary, best, t_epoch))
+            if main:
+                ckpt = make_checkpoint(exp, epoch, history, best)
+                ckpt["stopped_early"] = stopped_early
+                atomic_torch_save(ckpt, ckpt_path)
+                LOGGER.info(epoch_line(row, exp.num_epochs, val_split, primary, best, t_epoch))
             if stopped_early:
                 break
             if stop_after_epoch is not None and stop_after_epoch <= epoch < exp.num_epochs:
+                distributed.barrier()
                 return {"interrupted_after_epoch": epoch, "history": history, "best": best}
-        return _finish(
-            config, run_dir, exp, tester, history, best, stopped_early, t0, record_keeper
-        )
+        return _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx)
     except Exception as e:
-        _record_failure(config, run_dir, exp, history, best, e, epoch)
+        if main:
+            _record_failure(config, run_dir, exp, history, best, e, epoch)
         raise
     finally:
+        if record_keeper is not None:
+            record_keeper.save_records()
         if tb_writer is not None:
             tb_writer.close()
 
@@ -365,21 +396,21 @@ def epoch_line(row: dict, num_epochs: int, val_split, primary: str, best: dict, 
     return "  ".join(parts)
 
 
-def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, record_keeper) -> dict:
+def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx) -> dict:
     """Final test with the best validation epoch's weights (the last epoch's without validation)."""
+    main = ctx.is_main
     ev = builder.eval_settings(config)
     val_entries = [e for e in list(ev["validation"] or []) if _split_name(e) in exp.datasets]
     test_entries = list(ev["test"] or [])
-    if best["epoch"] is not None:
+    if best["epoch"] is not None and main:
         _load_state_dicts(
             exp.models, load_checkpoint(run_dir / "checkpoints" / "best.pt")["models"]
         )
     final_epoch = best["epoch"] if best["epoch"] is not None else history[-1]["epoch"]
-    test = run_eval(tester, exp, test_entries, final_epoch) if test_entries else {}
+    test = run_eval(tester, exp, test_entries, final_epoch) if test_entries and main else {}
+    test = distributed.broadcast_object(test)
     if not test and val_entries and best["epoch"] is not None:
         test = next(h["validation"] for h in history if h["epoch"] == best["epoch"])
-    if record_keeper is not None:
-        record_keeper.save_records()
     metrics = {
         "name": config.get("name", run_dir.name),
         "status": "finished",
@@ -390,8 +421,11 @@ def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, reco
         "history": history,
         "test": test,
         "train_seconds_this_call": time.perf_counter() - t0,
+        "run_info": distributed.run_info(ctx, exp.extra.get("amp")),
     }
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    if main:
+        (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    distributed.barrier()
     return metrics
 
 

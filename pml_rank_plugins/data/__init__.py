@@ -7,8 +7,10 @@ from .glyphs import GlyphDataset
 from .images import DatasetFormatError, ImageListDataset
 from .inshop import InShopClothes
 from .labels import CATEGORY, CLASS, UNLABELED, as_two_level
+from .landmarks import LandmarksList
 from .matfile import MatFileError, load_mat
 from .omniglot import OmniglotDataset
+from .revisited import RevisitedOxfordParis
 from .splits import (
     LabeledSubset,
     class_disjoint_kfold,
@@ -29,8 +31,10 @@ __all__ = [
     "ImageListDataset",
     "InShopClothes",
     "LabeledSubset",
+    "LandmarksList",
     "MatFileError",
     "OmniglotDataset",
+    "RevisitedOxfordParis",
     "StanfordOnlineProducts",
     "UNLABELED",
     "VehicleID",

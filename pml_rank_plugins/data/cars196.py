@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from .images import DatasetFormatError, ImageListDataset, require_file
+from .images import DatasetFormatError, ImageListDataset, require_file, require_nonempty
 from .labels import UNLABELED
 from .matfile import MatFileError, load_mat
 
@@ -38,9 +38,11 @@ class Cars196(ImageListDataset):
         annotations = mat.get("annotations")
         if not isinstance(annotations, np.ndarray) or annotations.dtype != object:
             raise DatasetFormatError(f"{path}: no struct array 'annotations'")
-        paths, labels = [], []
+        paths, labels, first = [], [], {}
         wanted = set(SPLITS[split])
-        for number, record in enumerate(annotations.reshape(-1, order="F"), start=1):
+        records = annotations.reshape(-1, order="F")
+        require_nonempty(path, len(records), "'annotations' is empty")
+        for number, record in enumerate(records, start=1):
             missing = [f for f in _FIELDS if not isinstance(record, dict) or f not in record]
             if missing:
                 raise DatasetFormatError(f"{path}: annotations({number}) lacks field(s) {missing}")
@@ -48,6 +50,12 @@ class Cars196(ImageListDataset):
             if not isinstance(image, str) or not image or class_value.size != 1:
                 raise DatasetFormatError(
                     f"{path}: annotations({number}) needs a path string and one class number"
+                )
+            earlier = first.setdefault(image, number)
+            if earlier != number:
+                raise DatasetFormatError(
+                    f"{path}: annotations({number}) repeats the image {image!r} of "
+                    f"annotations({earlier})"
                 )
             class_id = int(class_value.reshape(-1)[0])
             if not 1 <= class_id <= 196:
@@ -57,6 +65,9 @@ class Cars196(ImageListDataset):
             if class_id in wanted:
                 paths.append(image)
                 labels.append((class_id - 1, UNLABELED))
+        require_nonempty(
+            path, len(paths), f"no image of split {split!r} (classes {min(wanted)}..{max(wanted)})"
+        )
         names = mat.get("class_names")
         self.class_names = (
             [str(n) for n in names.reshape(-1, order="F")]

@@ -7,8 +7,9 @@ tensor ``(C, H, W)`` -- the ``transform`` output if one is given, else the PIL i
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -46,17 +47,120 @@ def read_rows(
     """
     path = require_file(path, what)
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if line_no <= skip or not line.strip():
-                continue
-            fields = line.split()
-            if len(fields) != num_fields:
-                raise format_error(
-                    path, line_no, f"expected {num_fields} fields, got {len(fields)}: {line!r}"
-                )
-            rows.append((line_no, fields))
+    for line_no, line in read_lines(path):
+        if line_no <= skip or not line.strip():
+            continue
+        fields = line.split()
+        if len(fields) != num_fields:
+            raise format_error(
+                path, line_no, f"expected {num_fields} fields, got {len(fields)}: {line!r}"
+            )
+        rows.append((line_no, fields))
     return rows
+
+
+def read_lines(path: Path) -> list[tuple[int, str]]:
+    """``(1-based line number, text)`` of every line of a UTF-8 text file.
+
+    Decodes line by line so that a byte sequence that is not UTF-8 is reported with its line
+    (:class:`DatasetFormatError`) instead of a bare ``UnicodeDecodeError``.
+    """
+    lines = []
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                lines.append((line_no, raw.decode("utf-8")))
+            except UnicodeDecodeError as err:
+                raise format_error(
+                    path,
+                    line_no,
+                    f"not valid UTF-8 (byte {raw[err.start:err.start + 1]!r} at column "
+                    f"{err.start + 1}); re-save the file as UTF-8",
+                ) from None
+    return lines
+
+
+def require_nonempty(path: Path, count: int, what: str = "no entries") -> None:
+    """Raise :class:`DatasetFormatError` naming ``path`` when ``count`` is 0 (an empty file or an
+    empty selection would otherwise give an empty dataset silently)."""
+    if count == 0:
+        raise DatasetFormatError(f"{path}: {what}")
+
+
+class FirstLine:
+    """Remembers the line where each key (an image path, an id) first appeared.
+
+    ``add(path, line_no, key, what)`` raises :class:`DatasetFormatError` naming both lines when
+    ``key`` was seen before: an image listed twice is refused whatever labels the two lines give
+    (with different labels, "last one wins" would silently pick one). O(1) per call.
+    """
+
+    def __init__(self) -> None:
+        self.lines: dict[Hashable, int] = {}
+
+    def add(self, path: Path, line_no: int, key: Hashable, what: str) -> None:
+        first = self.lines.setdefault(key, line_no)
+        if first != line_no:
+            raise format_error(path, line_no, f"{what} is already listed at line {first}")
+
+
+class CategoryTracker:
+    """Checks, line by line, that every item of a class has the same category.
+
+    ``add(path, line_no, cls, category)`` remembers the first line of each class and raises
+    :class:`DatasetFormatError` naming both lines when a later line puts the class under another
+    category. O(1) per call.
+    """
+
+    def __init__(self, class_name: str = "class"):
+        self.class_name = class_name
+        self.first: dict[int, tuple[Hashable, Path, int]] = {}
+
+    def add(self, path: Path, line_no: int, cls: int, category: Hashable) -> None:
+        known = self.first.setdefault(cls, (category, path, line_no))
+        if known[0] != category:
+            where = f"line {known[2]}" if known[1] == path else f"{known[1]}, line {known[2]}"
+            raise format_error(
+                path,
+                line_no,
+                f"{self.class_name} {cls} is under category {category!r} here but under "
+                f"category {known[0]!r} at {where}; every item of a class must share its category",
+            )
+
+
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+
+
+def load_image(source: str | Path | bytes, mode: str, name: str | None = None) -> Image.Image:
+    """Open and fully decode an image (a file path, or the bytes of an archive member) with PIL,
+    converted to ``mode``.
+
+    Any failure -- a missing file, bytes PIL cannot identify, a truncated or corrupt file --
+    raises :class:`DatasetFormatError` whose message starts with ``name`` (default: the path),
+    e.g. ``"data.zip: member a/b.png: cannot identify image file"``, never PIL's
+    ``<_io.BytesIO object>``.
+    """
+    if name is None:
+        if isinstance(source, bytes):
+            raise TypeError("load_image needs a name for image bytes")
+        name = str(source)
+    try:
+        if isinstance(source, bytes):
+            handle = io.BytesIO(source)
+        elif not Path(source).is_file():
+            raise DatasetFormatError(f"{name}: image file not found")
+        else:
+            handle = source
+        with Image.open(handle) as raw:
+            return raw.convert(mode)  # convert() forces the full decode: truncation shows here
+    except DatasetFormatError:
+        raise
+    except Image.UnidentifiedImageError:
+        raise DatasetFormatError(
+            f"{name}: cannot identify image file (not an image PIL can read, or empty)"
+        ) from None
+    except _DECODE_ERRORS as err:
+        raise DatasetFormatError(f"{name}: cannot decode image ({err})") from err
 
 
 def parse_int(path: Path, line_no: int, text: str, what: str) -> int:
@@ -135,8 +239,11 @@ class ImageListDataset(Dataset):
         path = self.paths[index]
         return self.root / path if self.root is not None else path
 
+    def load(self, index: int) -> Image.Image:
+        """The PIL image of item ``index`` (errors name the file, see :func:`load_image`)."""
+        return load_image(self.image_path(index), self.mode)
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        with Image.open(self.image_path(index)) as raw:
-            image = raw.convert(self.mode)
+        image = self.load(index)
         image = self.transform(image) if self.transform is not None else to_float_tensor(image)
         return image, label_tensor(self.labels, index)

@@ -5,7 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .images import ImageListDataset, format_error, parse_int, read_rows, require_file
+from .images import (
+    CategoryTracker,
+    FirstLine,
+    ImageListDataset,
+    format_error,
+    parse_int,
+    read_rows,
+    require_file,
+    require_nonempty,
+)
 
 SPLITS = ("train", "query", "gallery")
 
@@ -42,7 +51,8 @@ class InShopClothes(ImageListDataset):
         rows = read_rows(path, 3, skip=2)
         if len(rows) != int(head[0]):
             raise format_error(path, 1, f"says {int(head[0])} images but lists {len(rows)}")
-        parsed = []
+        require_nonempty(path, len(rows), "no images listed")
+        parsed, seen, tracker = [], FirstLine(), CategoryTracker("item")
         for line_no, (image, item, status) in rows:
             if status not in SPLITS:
                 raise format_error(path, line_no, f"unknown evaluation_status {status!r}")
@@ -54,10 +64,13 @@ class InShopClothes(ImageListDataset):
                     path, line_no, f"image path {image!r} is not img/<GENDER>/<Type>/{item}/<file>"
                 )
             number = parse_int(path, line_no, item[3:], "item_id number")
+            seen.add(path, line_no, image, f"image {image!r}")
+            tracker.add(path, line_no, number, f"{parts[-4]}/{parts[-3]}")
             parsed.append((image, number, f"{parts[-4]}/{parts[-3]}", status))
         self.category_names = sorted({category for _, _, category, _ in parsed})
         category_ids = {name: i for i, name in enumerate(self.category_names)}
         chosen = [row for row in parsed if row[3] == split]
+        require_nonempty(path, len(chosen), f"no image of split {split!r}")
         image_root = root
         if chosen and not (root / chosen[0][0]).exists() and (root / "Img" / chosen[0][0]).exists():
             image_root = root / "Img"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Callable
@@ -10,7 +9,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-from .images import DatasetFormatError, InMemoryImageDataset
+from .images import DatasetFormatError, InMemoryImageDataset, load_image
 
 
 class OmniglotDataset(InMemoryImageDataset):
@@ -49,13 +48,14 @@ class OmniglotDataset(InMemoryImageDataset):
             with zipfile.ZipFile(self.path) as archive:
                 names = [n for n in archive.namelist() if n.lower().endswith(".png")]
                 entries = self._index(names)
-                images = [self._decode(archive.read(name), invert) for name, _, _ in entries]
+                images = [
+                    self._decode(archive.read(name), invert, f"{self.path}: member {name}")
+                    for name, _, _ in entries
+                ]
         elif self.path.is_dir():
             names = [p.relative_to(self.path).as_posix() for p in self.path.rglob("*.png")]
             entries = self._index(names)
-            images = [
-                self._decode((self.path / name).read_bytes(), invert) for name, _, _ in entries
-            ]
+            images = [self._decode(self.path / name, invert) for name, _, _ in entries]
         elif self.path.exists():
             raise DatasetFormatError(f"{self.path}: not a zip file or a folder")
         else:
@@ -93,9 +93,8 @@ class OmniglotDataset(InMemoryImageDataset):
             raise DatasetFormatError(f"{self.path}: no Omniglot .png images found")
         return entries
 
-    def _decode(self, data: bytes, invert: bool) -> np.ndarray:
-        with Image.open(io.BytesIO(data)) as raw:
-            image = raw.convert("L")
+    def _decode(self, source: bytes | Path, invert: bool, name: str | None = None) -> np.ndarray:
+        image = load_image(source, "L", name)
         if image.size != (self.image_size, self.image_size):
             image = image.resize((self.image_size, self.image_size), Image.Resampling.BILINEAR)
         array = np.asarray(image, dtype=np.uint8)

@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .images import ImageListDataset, format_error, parse_int, read_rows
+from .images import (
+    CategoryTracker,
+    FirstLine,
+    ImageListDataset,
+    format_error,
+    parse_int,
+    read_rows,
+    require_nonempty,
+)
 
 _HEADER = ["image_id", "class_id", "super_class_id", "path"]
 
@@ -28,12 +36,15 @@ class StanfordOnlineProducts(ImageListDataset):
         rows = read_rows(path, 4)
         if not rows or rows[0][0] != 1 or rows[0][1] != _HEADER:
             raise format_error(path, 1, f"expected the header {' '.join(_HEADER)!r}")
-        paths, labels, folders = [], [], {}
+        require_nonempty(path, len(rows) - 1, "no images listed after the header")
+        paths, labels, folders, tracker, seen = [], [], {}, CategoryTracker("class_id"), FirstLine()
         for line_no, (_, class_id, super_id, image) in rows[1:]:
             class_id = parse_int(path, line_no, class_id, "class_id")
             super_id = parse_int(path, line_no, super_id, "super_class_id")
             if class_id < 1 or super_id < 1:
                 raise format_error(path, line_no, "class_id and super_class_id start at 1")
+            tracker.add(path, line_no, class_id, super_id)
+            seen.add(path, line_no, image, f"image {image!r}")
             paths.append(image)
             labels.append((class_id - 1, super_id - 1))
             folders.setdefault(super_id - 1, image.split("/")[0])

@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .images import ImageListDataset, format_error, parse_int, read_rows
+from .images import (
+    FirstLine,
+    ImageListDataset,
+    format_error,
+    parse_int,
+    read_rows,
+    require_nonempty,
+)
 from .labels import UNLABELED
 
 SPLIT_FILES = {
@@ -31,7 +38,14 @@ class VehicleID(ImageListDataset):
         root = Path(root)
         attr_path = root / "attribute" / "model_attr.txt"
         models: dict[int, int] = {}
-        for line_no, (vehicle, model) in read_rows(attr_path, 2):
+        attr_rows = read_rows(attr_path, 2)
+        # An empty file would silently mark every vehicle unlabeled.
+        require_nonempty(
+            attr_path,
+            len(attr_rows),
+            "no vehicle listed (expected '<vehicle id> <model id>' lines)",
+        )
+        for line_no, (vehicle, model) in attr_rows:
             vehicle = parse_int(attr_path, line_no, vehicle, "vehicle id")
             model = parse_int(attr_path, line_no, model, "model id")
             if model < 0:
@@ -39,9 +53,12 @@ class VehicleID(ImageListDataset):
             if models.setdefault(vehicle, model) != model:
                 raise format_error(attr_path, line_no, f"vehicle {vehicle} has two model ids")
         list_path = root / "train_test_split" / SPLIT_FILES[split]
-        paths, labels = [], []
-        for line_no, (image, vehicle) in read_rows(list_path, 2):
+        paths, labels, seen = [], [], FirstLine()
+        rows = read_rows(list_path, 2)
+        require_nonempty(list_path, len(rows), "no images listed")
+        for line_no, (image, vehicle) in rows:
             vehicle = parse_int(list_path, line_no, vehicle, "vehicle id")
+            seen.add(list_path, line_no, image, f"image {image!r}")
             paths.append(f"{image}.jpg")
             labels.append((vehicle, models.get(vehicle, UNLABELED)))
         super().__init__(paths, labels, root=root / "image", transform=transform)

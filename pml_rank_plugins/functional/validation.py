@@ -42,14 +42,49 @@ def check_labels(labels: torch.Tensor, name: str = "labels") -> None:
         )
 
 
+NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default, which PML's distances use
+
+
+def normalize_rows(x: torch.Tensor, eps: float = NORMALIZE_EPS) -> torch.Tensor:
+    """L2-normalize the rows of ``x`` like ``F.normalize(x, dim=1, eps=eps)`` (PML's
+    convention), without its two failure modes. O(N D).
+
+    * Overflow: a row whose norm exceeds the dtype's range (float32: about 1.8e19) makes
+      ``F.normalize`` return a zero vector. Here such rows are first scaled by an exact power of
+      two (``2^-e`` with ``e`` the exponent of the row's max-abs), which changes neither the
+      direction nor the mathematical gradient of the normalized row; other rows are untouched, so
+      ordinary inputs give bit-identical values and gradients.
+    * Rows with ``||x|| < eps`` (zero rows): the value is ``F.normalize``'s ``x / eps`` (zero for
+      a zero row), but such a row is treated as a constant and gets a zero gradient. The gradient
+      of ``x / eps`` is ``1 / eps = 1e12`` times the upstream gradient: it overflows float16 to
+      +-inf and in any dtype hurls the model's weights away because of one degenerate row.
+    """
+    with torch.no_grad():
+        max_abs = x.abs().amax(dim=1, keepdim=True) if x.shape[1] else x.new_zeros(len(x), 1)
+        # Squares of entries below this bound cannot overflow in a sum over D columns.
+        bound = (torch.finfo(x.dtype).max / (4 * max(x.shape[1], 1))) ** 0.5
+        exponent = torch.frexp(max_abs).exponent
+        scale = torch.where(max_abs > bound, torch.ldexp(torch.ones_like(max_abs), -exponent), 1)
+    scaled = x * scale if bool((scale != 1).any()) else x
+    norm = torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
+    unit = scaled / norm.clamp_min(eps)
+    tiny = (norm < eps) & (scale == 1)
+    if bool(tiny.any()):
+        unit = torch.where(tiny, x.detach() / eps, unit)
+    return unit
+
+
 def prepare_embeddings(
-    embeddings: torch.Tensor, ref_emb: torch.Tensor
+    embeddings: torch.Tensor, ref_emb: torch.Tensor, normalize: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Check queries and references (2-D, same width, no NaN/inf) and cast both to the compute
     dtype.
 
     Returns ``(queries, refs, is_self)``; ``is_self`` is whether ``ref_emb`` *is* ``embeddings``
     (the batch ranked against itself, as PML passes it), in which case ``refs is queries``.
+    float16/bfloat16 are cast to float32 *before* anything else, so normalization never runs in
+    half precision. ``normalize=True`` also L2-normalizes the rows with :func:`normalize_rows`
+    (no overflow for huge rows; zero rows stay zero with zero gradient).
     """
     is_self = ref_emb is embeddings
     check_embedding_shape(embeddings, "embeddings")
@@ -60,7 +95,11 @@ def prepare_embeddings(
         check_finite(ref_emb, "ref_emb")
     dtype = compute_dtype(embeddings.dtype)
     queries = embeddings.to(dtype)
-    return queries, queries if is_self else ref_emb.to(dtype), is_self
+    refs = queries if is_self else ref_emb.to(dtype)
+    if normalize:
+        queries = normalize_rows(queries)
+        refs = queries if is_self else normalize_rows(refs)
+    return queries, refs, is_self
 
 
 def check_int(value, name: str, minimum: int | None = None, maximum: int | None = None) -> int:

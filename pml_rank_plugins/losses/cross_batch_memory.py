@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from pytorch_metric_learning.losses import CrossBatchMemory as PMLCrossBatchMemory
+from pytorch_metric_learning.utils import common_functions as c_f
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+
+from ..functional.validation import check_int
+from ..miners.weighted_pairs import WeightedPairs
 
 PLUGIN_LOSSES = ["FastAPLoss", "QuantizedAPLoss", "RankedListLoss"]
 
@@ -15,8 +20,86 @@ class CrossBatchMemory(PMLCrossBatchMemory):
     It works unchanged because PML passes the memory as ``ref_emb``/``ref_labels`` together with an
     ``indices_tuple`` of all (query, memory) pairs minus each query's own slot, and our losses
     restrict every query's ranked list to exactly those pairs. Same arguments as PML's class.
+
+    Differences from PML's class:
+
+    * a miner's :class:`~pml_rank_plugins.miners.weighted_pairs.WeightedPairs` (e.g.
+      ``RankedListMiner``'s negative weights) keeps its ``.weights`` through the removal of
+      self-comparisons (PML returns a plain tuple, so ``RankedListLoss`` silently fell back to
+      its own ``Tn``); combining weighted pairs with an extra ``indices_tuple`` is a
+      ``ValueError`` (the extra pairs would have no weight);
+    * clear ``ValueError``s at the call for a batch (or ``enqueue_mask`` selection) larger than
+      ``memory_size`` (PML: a bare ``AssertionError``, or silent overwriting), embeddings whose
+      width is not ``embedding_size``, and non-integer sizes.
     """
+
+    def __init__(self, loss, embedding_size, memory_size=1024, miner=None, **kwargs):
+        embedding_size = check_int(embedding_size, "embedding_size", minimum=1)
+        memory_size = check_int(memory_size, "memory_size", minimum=1)
+        super().__init__(loss, embedding_size, memory_size=memory_size, miner=miner, **kwargs)
 
     @staticmethod
     def supported_losses():
         return PMLCrossBatchMemory.supported_losses() + PLUGIN_LOSSES
+
+    def forward(self, embeddings, labels, indices_tuple=None, enqueue_mask=None):
+        if embeddings.ndim != 2:
+            raise ValueError(f"embeddings must be 2-D (N, D), got shape {tuple(embeddings.shape)}")
+        if embeddings.shape[1] != self.embedding_size:
+            raise ValueError(
+                f"CrossBatchMemory got embeddings of width {embeddings.shape[1]}, but its memory "
+                f"holds embedding_size={self.embedding_size} columns"
+            )
+        if enqueue_mask is not None:
+            if len(enqueue_mask) != len(embeddings):
+                raise ValueError(
+                    f"enqueue_mask has {len(enqueue_mask)} entries for {len(embeddings)} embeddings"
+                )
+            enqueued = int(enqueue_mask.sum())
+            if enqueued > self.memory_size:
+                raise ValueError(
+                    f"enqueue_mask would enqueue {enqueued} embeddings, more than "
+                    f"memory_size={self.memory_size}: use memory_size >= the number enqueued"
+                )
+        elif len(embeddings) > self.memory_size:
+            raise ValueError(
+                f"a batch of {len(embeddings)} embeddings does not fit in the memory "
+                f"(memory_size={self.memory_size}): use memory_size >= the batch size"
+            )
+        return super().forward(embeddings, labels, indices_tuple, enqueue_mask)
+
+    def create_indices_tuple(
+        self, embeddings, labels, E_mem, L_mem, input_indices_tuple, do_remove_self_comparisons
+    ):
+        # PML's method, keeping a miner's WeightedPairs (and its .weights) intact.
+        if self.miner:
+            indices_tuple = self.miner(embeddings, labels, E_mem, L_mem)
+        else:
+            indices_tuple = lmu.get_all_pairs_indices(labels, L_mem)
+        weights = getattr(indices_tuple, "weights", None)
+        if do_remove_self_comparisons:
+            indices_tuple = lmu.remove_self_comparisons(
+                indices_tuple, self.curr_batch_idx, self.memory_size
+            )
+        if weights is not None:
+            # Self-comparisons are same-label pairs: only (a1, p) are filtered, the negative
+            # pairs (a2, n) that the weights align with are kept as they are.
+            if len(indices_tuple) != 4 or len(indices_tuple[3]) != len(weights):
+                raise RuntimeError(
+                    "removing self-comparisons changed the negative pairs; cannot keep the "
+                    "miner's weights aligned"
+                )
+            if input_indices_tuple is not None:
+                raise ValueError(
+                    "the miner returned weighted pairs (.weights); an extra indices_tuple cannot "
+                    "be combined with them (its pairs would have no weight): pass indices_tuple="
+                    "None, or use a miner without weights"
+                )
+            return WeightedPairs(*indices_tuple, weights=weights)
+        if input_indices_tuple is not None:
+            if len(input_indices_tuple) == 3 and len(indices_tuple) == 4:
+                input_indices_tuple = lmu.convert_to_pairs(input_indices_tuple, labels)
+            elif len(input_indices_tuple) == 4 and len(indices_tuple) == 3:
+                input_indices_tuple = lmu.convert_to_triplets(input_indices_tuple, labels)
+            indices_tuple = c_f.concatenate_indices_tuples(indices_tuple, input_indices_tuple)
+        return indices_tuple

@@ -25,7 +25,9 @@ class HistogramAPLoss(BaseMetricLossFunction):
     negative in their list have no defined AP: they are excluded from the loss and counted in
     ``num_skipped_queries``. Output: ``"element"`` losses ``w_i (1 - AP_i)`` for the valid queries
     (``w_i = 1`` unless class balancing is on), so the default ``MeanReducer`` gives
-    ``1 - mean AP``; with no valid query the loss is 0.
+    ``1 - mean AP``. With no valid query -- in particular an empty batch or an empty ``ref_emb``,
+    where every query counts as skipped -- the loss is a zero connected to the graph:
+    ``backward()`` works and gives zero gradients.
 
     float16/bfloat16 embeddings are computed in float32. ``chunk_size`` bounds memory (query rows
     per chunk; default: 256K scores or 128 rows, whichever is more, up to 4M scores).
@@ -61,10 +63,14 @@ class HistogramAPLoss(BaseMetricLossFunction):
             raise ValueError("ref_labels are required with ref_emb")
         check_labels(labels, "labels")
         check_labels(ref_labels, "ref_labels")
-        queries, refs, is_self = prepare_embeddings(embeddings, ref_emb)
+        # The distance is checked to be an L2-normalizing one; normalize here, overflow-safe.
+        queries, refs, is_self = prepare_embeddings(embeddings, ref_emb, normalize=True)
         dtype = queries.dtype
-        queries = self.distance.normalize(queries)
-        refs = queries if is_self else self.distance.normalize(refs)
+        if len(queries) == 0 or len(refs) == 0:
+            # Empty batch or reference set: no ranked list, every query skipped (policy shared
+            # with RankedListLoss).
+            self.num_valid_queries, self.num_skipped_queries = 0, len(queries)
+            return self._connected_zero(queries, refs)
         with torch.no_grad():
             categories, num_pos, num_neg = self._list_categories(
                 labels, ref_labels, indices_tuple, is_self
@@ -73,7 +79,7 @@ class HistogramAPLoss(BaseMetricLossFunction):
         self.num_valid_queries = int(valid.sum())
         self.num_skipped_queries = len(valid) - self.num_valid_queries
         if self.num_valid_queries == 0:
-            return self.zero_losses()
+            return self._connected_zero(queries, refs)
         rows = torch.nonzero(valid).squeeze(1)
         if isinstance(categories, torch.Tensor):
             categories = categories[rows]
@@ -90,6 +96,14 @@ class HistogramAPLoss(BaseMetricLossFunction):
         if weights is not None:
             losses = losses * weights.to(dtype)
         return {"loss": {"losses": losses, "indices": rows, "reduction_type": "element"}}
+
+    @staticmethod
+    def _connected_zero(queries: torch.Tensor, refs: torch.Tensor) -> dict:
+        """A zero loss that depends on both inputs, so ``backward()`` works and gives zero
+        gradients (not ``None``) to the embeddings and ``ref_emb``; the inputs are finite
+        (checked), so ``0 * sum`` is exactly 0."""
+        zero = queries.sum() * 0 + refs.sum() * 0
+        return {"loss": {"losses": zero, "indices": None, "reduction_type": "already_reduced"}}
 
     @staticmethod
     def _list_categories(labels, ref_labels, indices_tuple, is_self):

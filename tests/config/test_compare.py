@@ -165,6 +165,7 @@ def test_run_comparison_accepts_config_dicts(tmp_path):
     assert "± 0.00" not in (tmp_path / "cmp" / "comparison.md").read_text()
 
 
+@pytest.mark.slow  # two spawned workers each import torch and PML
 def test_jobs_2_equals_jobs_1(tmp_path, config_file):
     torch.set_num_threads(1)
     common = dict(seeds=2, overrides=FAST[1::2], pictures=False)

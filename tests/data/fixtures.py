@@ -22,3 +22,9 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 def pixel_value(image) -> int:
     return round(image[0, 0, 0].item() * 255)
+
+
+def write_jpeg(path: Path, pixels: np.ndarray) -> None:
+    """A real JPEG (quality 95) of the uint8 ``(H, W, 3)`` array ``pixels``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels.astype(np.uint8)).save(path, format="JPEG", quality=95)

@@ -70,3 +70,16 @@ def test_missing(tmp_path):
         Cars196(tmp_path)
     with pytest.raises(ValueError, match="split"):
         Cars196(tmp_path, "val")
+
+
+def test_empty_annotations_and_empty_split_are_errors(tmp_path):
+    make_tree(tmp_path, annotations=ANNOTATIONS[:2])
+    assert len(Cars196(tmp_path, "train")) == 2
+    with pytest.raises(DatasetFormatError, match=r"cars_annos.mat: no image of split 'test'"):
+        Cars196(tmp_path, "test")
+
+
+def test_image_listed_twice(tmp_path):
+    make_tree(tmp_path, annotations=ANNOTATIONS + [annotation(1, 5)])
+    with pytest.raises(DatasetFormatError, match=r"annotations\(5\) repeats .*annotations\(1\)"):
+        Cars196(tmp_path, "all")

@@ -56,3 +56,28 @@ def test_missing(tmp_path):
         CUB200(tmp_path)
     with pytest.raises(ValueError, match="split"):
         CUB200(tmp_path, "val")
+
+
+@pytest.mark.parametrize(
+    "images,classes,match",
+    [
+        ([], [], r"images.txt: no images listed"),
+        (IMAGES, [], r"image_class_labels.txt: no class listed"),
+        (IMAGES, CLASSES + ["2 7"], r"image_class_labels.txt, line 5: image id 2 .* line 2"),
+        (IMAGES, CLASSES + ["2 100"], r"image_class_labels.txt, line 5: image id 2 .* line 2"),
+    ],
+)
+def test_empty_or_inconsistent_files(tmp_path, images, classes, match):
+    write_lines(tmp_path / "images.txt", images)
+    write_lines(tmp_path / "image_class_labels.txt", classes)
+    with pytest.raises(DatasetFormatError, match=match):
+        CUB200(tmp_path)
+
+
+def test_split_without_images_is_an_error(tmp_path):
+    root = make_tree(tmp_path, images=IMAGES[:2], classes=CLASSES[:2])
+    assert len(CUB200(root, "train")) == 2
+    with pytest.raises(
+        DatasetFormatError, match=r"image_class_labels.txt: no image of split 'test'"
+    ):
+        CUB200(root, "test")

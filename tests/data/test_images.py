@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -40,4 +42,43 @@ def test_read_rows(tmp_path):
     path = write_lines(tmp_path / "x.txt", ["h e a d", "1 2", "", "3 4"])
     assert read_rows(path, 2, skip=1) == [(2, ["1", "2"]), (4, ["3", "4"])]
     with pytest.raises(DatasetFormatError, match=r"x.txt, line 1: expected 2 fields, got 4"):
+        read_rows(path, 2)
+
+
+def _jpeg_bytes(size=(32, 24)) -> bytes:
+    buffer = io.BytesIO()
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "content,problem",
+    [
+        (b"not an image at all", "cannot identify image file"),
+        (_jpeg_bytes()[:200], "(?i)truncated"),
+        (b"", "cannot identify image file"),
+    ],
+)
+def test_unreadable_image_names_the_file(tmp_path, content, problem):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "bad.jpg").write_bytes(content)
+    ds = ImageListDataset(["sub/bad.jpg"], [[0, 0]], root=tmp_path)
+    with pytest.raises(DatasetFormatError, match=problem) as info:
+        ds[0]
+    message = str(info.value)
+    assert str(tmp_path / "sub" / "bad.jpg") in message and "BytesIO" not in message
+
+
+def test_missing_image_names_the_file(tmp_path):
+    ds = ImageListDataset(["gone.jpg"], [[0, 0]], root=tmp_path)
+    with pytest.raises(DatasetFormatError, match=r"gone.jpg: image file not found"):
+        ds[0]
+
+
+def test_read_rows_non_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "x.txt"
+    path.write_bytes(b"1 2\n3 caf\xe9\n")
+    with pytest.raises(DatasetFormatError, match=r"x.txt, line 2: not valid UTF-8"):
         read_rows(path, 2)

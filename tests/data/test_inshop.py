@@ -70,3 +70,26 @@ def test_missing(tmp_path):
         InShopClothes(tmp_path, "query")
     with pytest.raises(ValueError, match="split"):
         InShopClothes(tmp_path, "test")
+
+
+def test_empty_list_and_empty_split_are_errors(tmp_path):
+    write_lines(tmp_path / "list_eval_partition.txt", ["0", HEADER])
+    with pytest.raises(DatasetFormatError, match=r"list_eval_partition.txt: no images listed"):
+        InShopClothes(tmp_path, "train")
+    root = make_tree(tmp_path, rows=[r for r in ROWS if not r.endswith("query")])
+    with pytest.raises(
+        DatasetFormatError, match=r"list_eval_partition.txt: no image of split 'query'"
+    ):
+        InShopClothes(root, "query")
+
+
+def test_image_listed_twice(tmp_path):
+    make_tree(tmp_path, rows=ROWS + [ROWS[0].replace(" train", " gallery")])
+    with pytest.raises(DatasetFormatError, match=r"line 9: .*already listed at line 3"):
+        InShopClothes(tmp_path, "train")
+
+
+def test_item_under_two_categories(tmp_path):
+    make_tree(tmp_path, rows=ROWS + ["img/MEN/Tees/id_00000080/03_1_front.jpg id_00000080 train"])
+    with pytest.raises(DatasetFormatError, match=r"line 9: item 80 is under category 'MEN/Tees'"):
+        InShopClothes(tmp_path, "train")

@@ -116,3 +116,25 @@ def test_missing_and_empty(tmp_path):
     (tmp_path / "plain.txt").write_text("x")
     with pytest.raises(DatasetFormatError, match="not a zip file or a folder"):
         OmniglotDataset(tmp_path / "plain.txt")
+
+
+def test_corrupt_png_names_the_member_and_the_zip(tmp_path):
+    path = _write_tiny_zip(tmp_path / "tiny.zip")
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("images_background/Zeta/character01/z.png", b"\x89PNG garbage")
+    with pytest.raises(DatasetFormatError, match="cannot identify image file") as info:
+        OmniglotDataset(path)
+    message = str(info.value)
+    assert str(path) in message and "images_background/Zeta/character01/z.png" in message
+    assert "BytesIO" not in message
+
+
+def test_truncated_png_in_a_folder_names_the_file(tmp_path):
+    folder = tmp_path / "set" / "Alpha" / "character01"
+    folder.mkdir(parents=True)
+    (folder / "a.png").write_bytes(_png(np.full((10, 10), 10)))
+    data = _png(np.random.default_rng(0).integers(0, 256, (40, 40)))
+    (folder / "b.png").write_bytes(data[: len(data) // 2])
+    with pytest.raises(DatasetFormatError) as info:
+        OmniglotDataset(tmp_path / "set")
+    assert str(folder / "b.png") in str(info.value) and "BytesIO" not in str(info.value)

@@ -63,3 +63,35 @@ def test_missing_file_and_bad_split(tmp_path):
         StanfordOnlineProducts(tmp_path, "test")
     with pytest.raises(ValueError, match="split"):
         StanfordOnlineProducts(tmp_path, "val")
+
+
+def test_non_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "Ebay_train.txt"
+    path.write_bytes((HEADER + "\n" + TRAIN[0] + "\n").encode() + b"2 1 1 caf\xe9.JPG\n")
+    with pytest.raises(DatasetFormatError, match=r"Ebay_train.txt, line 3: not valid UTF-8"):
+        StanfordOnlineProducts(tmp_path, "train")
+
+
+def test_class_under_two_categories_names_file_and_line(tmp_path):
+    lines = [
+        HEADER,
+        "1 1 1 bicycle_final/a.JPG",
+        "2 2 3 chair_final/b.JPG",
+        "3 1 2 cabinet_final/c.JPG",
+    ]
+    write_lines(tmp_path / "Ebay_train.txt", lines)
+    with pytest.raises(DatasetFormatError, match=r"Ebay_train.txt, line 4: class_id 1 .*line 2"):
+        StanfordOnlineProducts(tmp_path, "train")
+
+
+def test_header_only_is_an_error_not_an_empty_dataset(tmp_path):
+    write_lines(tmp_path / "Ebay_train.txt", [HEADER])
+    with pytest.raises(DatasetFormatError, match=r"Ebay_train.txt: no images listed after the"):
+        StanfordOnlineProducts(tmp_path, "train")
+
+
+def test_image_listed_twice(tmp_path):
+    lines = [HEADER, TRAIN[0], TRAIN[1], "3 2 3 " + TRAIN[0].split()[3]]
+    write_lines(tmp_path / "Ebay_train.txt", lines)
+    with pytest.raises(DatasetFormatError, match=r"line 4: .*already listed at line 2"):
+        StanfordOnlineProducts(tmp_path, "train")

@@ -64,3 +64,20 @@ def test_missing(tmp_path):
         VehicleID(tmp_path, "train")
     with pytest.raises(ValueError, match="split"):
         VehicleID(tmp_path, "test")
+
+
+def test_empty_files_are_errors_not_empty_datasets(tmp_path):
+    make_tree(tmp_path, lists={**LISTS, "test_list_800.txt": []})
+    with pytest.raises(DatasetFormatError, match=r"test_list_800.txt: no images listed"):
+        VehicleID(tmp_path, "test800")
+    make_tree(tmp_path, models=[])
+    with pytest.raises(DatasetFormatError, match=r"model_attr.txt: no vehicle listed"):
+        VehicleID(tmp_path, "train")
+
+
+def test_image_listed_twice_in_a_split(tmp_path):
+    make_tree(tmp_path, lists={**LISTS, "train_list.txt": ["0004839 2", "0004839 5"]})
+    with pytest.raises(
+        DatasetFormatError, match=r"train_list.txt, line 2: .*already listed at line 1"
+    ):
+        VehicleID(tmp_path, "train")
