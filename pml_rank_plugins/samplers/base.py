@@ -5,9 +5,13 @@ are drawn from -- and fills each part with :func:`~.class_pools.fill_part`. This
 everything else: label parsing, the private generator, epochs, sharding and ``__len__``.
 
 Randomness: a private ``torch.Generator`` seeded from ``(seed, epoch)``; the global RNGs are never
-touched. ``set_epoch(e)`` selects the epoch of the next iteration; every ``__iter__`` then advances
+touched. ``set_epoch(e)`` selects the epoch of the next iteration; every iteration then advances
 the epoch by one, so a PML trainer (which just re-iterates the DataLoader) gets a fresh but
 reproducible shuffle each epoch, and DDP users calling ``set_epoch`` get the usual semantics.
+The epoch is claimed when the iteration yields its first batch, not when ``iter()`` is called:
+a ``DataLoader`` with ``num_workers > 0`` calls ``iter()`` twice per epoch, and an epoch's
+batches must depend only on ``(seed, epoch)`` whatever the loader does. ``state_dict()`` /
+``load_state_dict()`` hold ``(seed, epoch)`` for exact resume.
 
 Sharding: the epoch's batches are padded with extra batches (drawn from randomly chosen specs of the
 same epoch, with fresh classes) to a multiple of ``num_replicas``; rank ``r`` yields batches
@@ -126,9 +130,29 @@ class ClassBatchSampler(BatchSampler):
         return batches[self.rank :: self.num_replicas]
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self.epoch_batches(self.epoch)
-        self.epoch += 1
-        return iter(batches)
+        # A generator function: its body runs at the first batch requested, not at iter(). A
+        # DataLoader with num_workers > 0 calls iter() twice per epoch and consumes only the
+        # second iterator, so claiming the epoch here keeps batches a function of (seed, epoch).
+        epoch = self.epoch
+        self.epoch = epoch + 1
+        yield from self.epoch_batches(epoch)
+
+    def state_dict(self) -> dict:
+        """``{"seed", "epoch"}``: everything the next iteration's batches depend on."""
+        return {"seed": self.seed, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`: the next iteration yields the saved epoch's batches."""
+        if not isinstance(state, dict) or sorted(state) != ["epoch", "seed"]:
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"sampler state_dict has keys {keys}, expected ['epoch', 'seed']")
+        seed = check_int(state["seed"], "seed", minimum=0)
+        if seed != self.seed:
+            raise ValueError(
+                f"sampler state_dict has seed {seed}, but this sampler's seed is {self.seed}: "
+                "build the sampler with the seed of the run being resumed"
+            )
+        self.epoch = check_int(state["epoch"], "epoch", minimum=0)
 
     def __len__(self) -> int:
         return -(-self._num_epoch_batches() // self.num_replicas)

@@ -3,7 +3,9 @@
 A listwise loss couples every item of the batch, so plain gradient accumulation over sub-batches
 computes a different (wrong) gradient. The exact procedure (FastAP sec. 4.3; Revaud et al. Fig. 2):
 
-1. embed the batch chunk by chunk **without** a graph (memory: one chunk's activations);
+1. embed the batch chunk by chunk **without** a graph (memory: one chunk's activations); the
+   ``ceil(N / chunk_size)`` chunks are balanced (sizes differ by at most one: 13 items by 4 give
+   4, 3, 3, 3), so no tiny last chunk breaks BatchNorm;
 2. compute the loss on the full embedding matrix ``E`` (a leaf tensor) and backpropagate it to
    get ``dL/dE`` (and the gradients of any loss parameters, e.g. proxies);
 3. re-run each chunk **with** a graph and backpropagate ``dL/dE[chunk]`` into the model,
@@ -20,6 +22,13 @@ Exactness (what makes step 3 reproduce step 1):
   running the model chunk by chunk, not on the whole batch (freeze BatchNorm -- eval mode, e.g.
   PML's ``freeze_trunk_batchnorm`` -- to make the result independent of the chunk size).
 * ``check_replay=True`` verifies that step 3 re-creates step 1's embeddings.
+
+Failures are reported where they happen: non-finite embeddings after step 1 (``ValueError``
+naming the chunk, its items and the first bad row; buffers restored) and a non-finite ``dL/dE``
+after step 2 (naming the row and chunk; nothing is backpropagated into the model) -- some PML
+losses return a finite loss on NaN embeddings while their gradients are NaN. A frozen model (no
+parameter requiring grad) with a loss that has parameters works: the loss parameters get their
+gradients in step 2 and step 3 only replays the chunks (buffer updates).
 
 Distributed (``torch.distributed`` initialized, world size ``R``): each rank embeds its own shard;
 embeddings and labels are all-gathered (any shard sizes) so the loss sees the global batch, with
@@ -47,6 +56,25 @@ from ..functional.validation import check_int
 
 def _check_chunk_size(chunk_size) -> int:
     return check_int(chunk_size, "chunk_size", minimum=1)
+
+
+def balanced_chunk_sizes(n: int, chunk_size: int) -> list[int]:
+    """Split ``n`` items into ``ceil(n / chunk_size)`` consecutive chunks of at most
+    ``chunk_size`` items whose sizes differ by at most one, larger first (13 by 4: 4, 3, 3, 3).
+
+    Balancing avoids a tiny last chunk: BatchNorm in training mode refuses a chunk of one item
+    (where the plain step works), and a small chunk's batch statistics are noisy.
+    """
+    count = -(-n // chunk_size)
+    if count == 0:
+        return []
+    base, extra = divmod(n, count)
+    return [base + 1] * extra + [base] * (count - extra)
+
+
+def _first_non_finite_row(tensor: torch.Tensor) -> int | None:
+    bad = ~torch.isfinite(tensor.reshape(len(tensor), -1)).all(dim=1)
+    return int(bad.nonzero()[0]) if bool(bad.any()) else None
 
 
 def _rng_state():
@@ -93,7 +121,7 @@ class ChunkedEmbedding:
     Args:
         embed: maps a chunk of inputs to its embeddings (e.g. ``model`` or trunk + embedder).
         modules: the modules whose buffers must be updated once per step (usually the models).
-        chunk_size: items per chunk (> 0).
+        chunk_size: most items per chunk (> 0); chunks are balanced (see module docstring).
         check_replay: raise if a replayed chunk's embeddings differ from step 1's.
     """
 
@@ -113,13 +141,28 @@ class ChunkedEmbedding:
     def forward(self, inputs, labels=None):
         if len(inputs) == 0:
             raise ValueError("cannot embed an empty batch")
-        chunks = [inputs[i : i + self.chunk_size] for i in range(0, len(inputs), self.chunk_size)]
+        sizes = balanced_chunk_sizes(len(inputs), self.chunk_size)
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        chunks = [inputs[start : start + size] for start, size in zip(starts, sizes)]
         buffers = [b.detach().clone() for m in self.modules for b in m.buffers()]
         rng_states, outputs = [], []
         with torch.no_grad():
-            for chunk in chunks:
+            for i, chunk in enumerate(chunks):
                 rng_states.append(_rng_state())
                 outputs.append(self.embed(chunk))
+                row = _first_non_finite_row(outputs[-1])
+                if row is not None:
+                    # Restore the buffers before raising: the step did not happen.
+                    for buffer, saved in zip(
+                        (b for m in self.modules for b in m.buffers()), buffers
+                    ):
+                        buffer.copy_(saved)
+                    raise ValueError(
+                        f"chunk {i} (items {starts[i]}-{starts[i] + sizes[i] - 1}) produced "
+                        f"non-finite embeddings (first at row {starts[i] + row} of the batch): "
+                        "check the inputs and the model (a loss may turn NaN embeddings into a "
+                        "finite loss with NaN gradients)"
+                    )
         after_pass_one = [b.detach().clone() for m in self.modules for b in m.buffers()]
         for buffer, saved in zip((b for m in self.modules for b in m.buffers()), buffers):
             buffer.copy_(saved)
@@ -132,7 +175,12 @@ class ChunkedEmbedding:
         else:
             global_emb = local
         self._state = dict(
-            chunks=chunks, rng=rng_states, outputs=outputs, local=local, after=after_pass_one
+            chunks=chunks,
+            starts=starts,
+            rng=rng_states,
+            outputs=outputs,
+            local=local,
+            after=after_pass_one,
         )
         return global_emb, labels
 
@@ -142,11 +190,17 @@ class ChunkedEmbedding:
         state, self._state = self._state, None
         grad = state["local"].grad
         if grad is None:  # the loss did not depend on the embeddings: keep pass one's buffers
-            for buffer, value in zip(
-                (b for m in self.modules for b in m.buffers()), state["after"]
-            ):
-                buffer.copy_(value)
+            self._keep_pass_one_buffers(state)
             return
+        row = _first_non_finite_row(grad)
+        if row is not None:
+            chunk = max(i for i, start in enumerate(state["starts"]) if start <= row)
+            raise ValueError(
+                f"the gradient of the loss with respect to the embeddings is non-finite (first "
+                f"at row {row} of the local batch, in chunk {chunk}): the loss function produced "
+                "NaN/inf gradients from finite embeddings; nothing was backpropagated into the "
+                "model (do not step the optimizer: loss parameters may hold NaN gradients)"
+            )
         grad = grad * _world_size()
         rng_after_loss = _rng_state()
         offsets = [0]
@@ -165,8 +219,13 @@ class ChunkedEmbedding:
                         f"chunk {i}: replayed embeddings differ from pass one (max |diff| {diff:g});"
                         " the model is not deterministic given its RNG state"
                     )
-                replayed.backward(grad[offsets[i] : offsets[i + 1]])
+                if replayed.requires_grad:  # False for a frozen model (nothing to train)
+                    replayed.backward(grad[offsets[i] : offsets[i + 1]])
         _set_rng_state(rng_after_loss)
+
+    def _keep_pass_one_buffers(self, state) -> None:
+        for buffer, value in zip((b for m in self.modules for b in m.buffers()), state["after"]):
+            buffer.copy_(value)
 
     def _no_sync(self):
         stack = contextlib.ExitStack()

@@ -20,7 +20,8 @@ class ChunkedMetricLossOnly(MetricLossOnly):
     ``torch.distributed`` gradient scaling.
 
     Args:
-        chunk_size: items per chunk (> 0); ``batch_size`` is the full (per-rank) batch.
+        chunk_size: most items per chunk (> 0; chunks are balanced, e.g. 13 by 4 gives 4, 3, 3,
+            3); ``batch_size`` is the full (per-rank) batch.
         check_replay: verify that replayed chunks reproduce the first pass's embeddings.
         *args, **kwargs: as PML's ``MetricLossOnly``.
     """

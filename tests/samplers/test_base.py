@@ -4,6 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 from pml_rank_plugins.samplers import (
     CategoryHardSampler,
@@ -77,3 +78,54 @@ def test_category_hard_counts_must_be_integers(kwargs):
 def test_samples_per_class_must_be_all_or_an_integer(samples_per_class):
     with pytest.raises(ValueError, match=r"samples_per_class must be"):
         RandomClassSampler(two_level(), 8, samples_per_class=samples_per_class)
+
+
+# -- batches depend only on (seed, epoch), whatever the DataLoader does (issue 12.7) ------------
+def loader_epochs(sampler, num_workers, num_epochs):
+    data = torch.utils.data.TensorDataset(torch.arange(len(sampler.labels)))
+    loader = torch.utils.data.DataLoader(data, batch_sampler=sampler, num_workers=num_workers)
+    return [[b[0].tolist() for b in loader] for _ in range(num_epochs)]
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_dataloader_workers_do_not_change_the_batches(name):
+    # With num_workers > 0 the DataLoader calls iter() on the batch sampler twice per epoch; the
+    # epoch used to advance on each call, so set_epoch(5) gave epoch 6's batches.
+    sampler = build(name, seed=4)
+    sampler.set_epoch(5)
+    with_workers = loader_epochs(sampler, num_workers=2, num_epochs=2)
+    assert sampler.epoch == 7
+    want = [sampler.epoch_batches(5), sampler.epoch_batches(6)]
+    assert with_workers == want
+    plain = build(name, seed=4)
+    plain.set_epoch(5)
+    assert loader_epochs(plain, num_workers=0, num_epochs=2) == want
+
+
+def test_an_unconsumed_iterator_does_not_use_up_an_epoch():
+    sampler = build("random_class", seed=1)
+    iter(sampler)  # created and dropped, as a DataLoader may do
+    assert sampler.epoch == 0
+    assert list(sampler) == sampler.epoch_batches(0)
+    assert sampler.epoch == 1
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_state_dict_resumes_exactly_through_a_worker_loader(name):
+    sampler = build(name, seed=2)
+    loader_epochs(sampler, num_workers=0, num_epochs=2)
+    state = sampler.state_dict()
+    assert state == {"seed": 2, "epoch": 2}
+    resumed = build(name, seed=2)
+    resumed.load_state_dict(state)
+    assert loader_epochs(resumed, num_workers=2, num_epochs=1) == [sampler.epoch_batches(2)]
+
+
+def test_load_state_dict_checks_its_input():
+    sampler = build("random_class", seed=2)
+    with pytest.raises(ValueError, match=r"epoch must be an integer >= 0, got 1.5"):
+        sampler.load_state_dict({"seed": 2, "epoch": 1.5})
+    with pytest.raises(ValueError, match=r"state_dict has keys \['epoch'\], expected"):
+        sampler.load_state_dict({"epoch": 1})
+    with pytest.raises(ValueError, match=r"seed 3, but this sampler.s seed is 2"):
+        sampler.load_state_dict({"seed": 3, "epoch": 1})

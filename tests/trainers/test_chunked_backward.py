@@ -36,6 +36,17 @@ LOSSES = {
 }
 
 
+def per_chunk_reference(model, loss_fn, x, y, sizes):
+    """Plain autograd with the model run on the given consecutive chunk sizes."""
+    model.zero_grad()
+    loss_fn.zero_grad()
+    emb = torch.cat([model(part) for part in torch.split(x, sizes)])
+    loss = loss_fn(emb, y)
+    loss.backward()
+    params = [p for p in [*model.parameters(), *loss_fn.parameters()] if p.requires_grad]
+    return loss.detach(), [p.grad.clone() for p in params]
+
+
 def reference_grads(model, loss_fn, miner, x, y, chunk=None):
     """Full-batch backward; with ``chunk``, the model runs chunk by chunk (per-chunk BatchNorm)."""
     model.zero_grad()
@@ -84,13 +95,14 @@ def test_batchnorm_uses_chunk_statistics_and_updates_running_stats_once():
     model = mlp(torch.nn.BatchNorm1d(16))
     reference = mlp(torch.nn.BatchNorm1d(16))
     loss_fn = FastAPLoss()
-    _, want = reference_grads(reference, loss_fn, None, x, y, chunk=8)
+    # 26 items in chunks of at most 8: four balanced chunks of 7, 7, 6, 6.
+    _, want = per_chunk_reference(reference, loss_fn, x, y, [7, 7, 6, 6])
     chunked_backward(model, x, y, loss_fn, 8)
     for p, w in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad, w, rtol=0, atol=1e-10)
     for (name, b), (_, rb) in zip(model.named_buffers(), reference.named_buffers()):
         torch.testing.assert_close(b, rb, rtol=0, atol=0, msg=name)
-    assert int(dict(model.named_buffers())["1.num_batches_tracked"]) == 4  # 26 items / 8 = 4 chunks
+    assert int(dict(model.named_buffers())["1.num_batches_tracked"]) == 4
 
 
 def test_replay_check_catches_a_nondeterministic_model():
@@ -145,3 +157,68 @@ def test_loss_without_gradient_keeps_running_stats_of_one_pass():
     loss = chunked_backward(model, x, single_class, FastAPLoss(), 13)
     assert loss.item() == 0
     assert int(dict(model.named_buffers())["1.num_batches_tracked"]) == 2
+
+
+# -- issue 12.12 -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "n, chunk_size, sizes",
+    [(13, 4, [4, 3, 3, 3]), (26, 8, [7, 7, 6, 6]), (9, 4, [3, 3, 3]), (8, 4, [4, 4]), (5, 9, [5])],
+)
+def test_chunks_are_balanced(n, chunk_size, sizes):
+    from pml_rank_plugins.trainers.chunked_backward import balanced_chunk_sizes
+
+    assert balanced_chunk_sizes(n, chunk_size) == sizes
+
+
+def test_batchnorm_with_a_last_chunk_of_one_item_works():
+    # Batch 13 in chunks of 4 used to leave a last chunk of one item, which BatchNorm refuses in
+    # training mode although the plain step works. Balanced chunks are 4, 3, 3, 3.
+    x, y = data()
+    x, y = x[:13], y[:13]
+    model = mlp(torch.nn.BatchNorm1d(16))
+    reference = mlp(torch.nn.BatchNorm1d(16))
+    loss_fn = FastAPLoss()
+    want_loss, want = per_chunk_reference(reference, loss_fn, x, y, [4, 3, 3, 3])
+    loss = chunked_backward(model, x, y, loss_fn, 4, check_replay=True)
+    torch.testing.assert_close(loss, want_loss, rtol=0, atol=1e-12)
+    for p, w in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, w, rtol=0, atol=1e-10)
+    for (name, b), (_, rb) in zip(model.named_buffers(), reference.named_buffers()):
+        torch.testing.assert_close(b, rb, rtol=0, atol=0, msg=name)
+
+
+def test_frozen_model_with_a_loss_that_has_parameters():
+    x, y = data()
+    model = mlp(torch.nn.BatchNorm1d(16)).requires_grad_(False)
+    reference = mlp(torch.nn.BatchNorm1d(16)).requires_grad_(False)
+    loss_fn = ProxyAnchorLoss(5, DIM_OUT).double()
+    want_loss, (want_proxies,) = per_chunk_reference(reference, loss_fn, x, y, [7, 7, 6, 6])
+    loss_fn.zero_grad()
+    loss = chunked_backward(model, x, y, loss_fn, 8)
+    torch.testing.assert_close(loss, want_loss, rtol=0, atol=1e-12)
+    torch.testing.assert_close(loss_fn.proxies.grad, want_proxies, rtol=0, atol=1e-12)
+    assert all(p.grad is None for p in model.parameters())
+    for (name, b), (_, rb) in zip(model.named_buffers(), reference.named_buffers()):
+        torch.testing.assert_close(b, rb, rtol=0, atol=0, msg=name)
+
+
+def test_non_finite_embeddings_are_reported_with_their_chunk():
+    x, y = data()
+    x[9, 2] = float("nan")  # item 9 is in the second chunk (items 7-13) of 26 by 8
+    with pytest.raises(ValueError, match=r"chunk 1 \(items 7-13\).*non-finite embeddings.*row 9"):
+        chunked_backward(mlp(), x, y, MultiSimilarityLoss(), 8)
+
+
+def test_non_finite_embedding_gradients_are_reported_with_their_chunk():
+    # A finite loss whose gradient is NaN: d sqrt(e) / d e is NaN below 0, and torch.where's
+    # masking multiplies it by 0 (0 * NaN = NaN).
+    def loss_fn(emb, labels, indices_tuple=None):
+        return torch.where(emb > 0, emb.clamp_min(-1).sqrt(), 0).sum() * 0 + emb.pow(2).mean()
+
+    x, y = data()
+    with torch.no_grad():
+        assert torch.isfinite(loss_fn(mlp()(x), y))
+    with pytest.raises(ValueError, match=r"gradient of the loss .* non-finite .* chunk \d+"):
+        chunked_backward(mlp(), x, y, loss_fn, 8)
