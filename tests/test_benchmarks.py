@@ -53,11 +53,35 @@ def test_bench_chunked_prints_the_three_cases_and_ratios():
     assert "chunked time / plain large time:" in out
 
 
-def test_bench_ranked_list_prints_every_loss():
+def test_bench_ranked_list_prints_one_row_per_size():
     out = run_script(
-        "bench_ranked_list.py", *("--sizes", "32", "--repeats", "1", "--min-seconds", "0")
+        "bench_ranked_list.py",
+        *("--sizes", "32", "48", "--pml-max", "32"),
+        *("--warmup", "0", "--repeats", "1", "--rounds", "1"),
     )
-    assert len(table_rows(out)) == 3
+    rows = table_rows(out)
+    assert [row[0] for row in rows] == ["32", "48"]
+    assert rows[0][5].endswith("x") and rows[1][3] == "skipped"
+    assert "PML skipped above N=32" in out
+
+
+def test_bench_memory_bank_toy_size_prints_every_case():
+    out = run_script(
+        "bench_memory_bank.py",
+        *("--memory", "64", "--batch", "8", "--dim", "8"),
+        *("--warmup", "0", "--repeats", "1", "--rounds", "1"),
+    )
+    rows = table_rows(out)
+    assert [row[0] for row in rows] == [
+        "floor",
+        "fastap",
+        "qap",
+        "rll",
+        "fastap_ref",
+        "qap_ref",
+        "rll_ref",
+    ]
+    assert all(row[2].endswith("x") for row in rows)
 
 
 def test_best_over_rounds_keeps_best_time_and_largest_peak():

@@ -23,7 +23,10 @@ so the gradient of ``L`` flows through the distances of the mined pairs only. On
 hinges are active, so ``dL/dd = w+`` for a mined positive and ``-lam w-`` for a mined negative:
 every mined positive is pulled in and every mined negative pushed out, at any temperature.
 
-Cost: O(N M) time and memory, a handful of ``(N, M)`` element-wise passes.
+Cost: O(N M) time and memory, a handful of ``(N, M)`` element-wise passes. This is the kernel for
+any precomputed distance matrix; for Euclidean distances between embeddings,
+:mod:`~pml_rank_plugins.functional.ranked_list_chunked` computes the same terms in O(chunk x M)
+memory without ever holding an ``(N, M)`` float matrix.
 """
 
 from __future__ import annotations

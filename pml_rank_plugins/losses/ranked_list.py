@@ -7,10 +7,62 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
+from ..functional.chunking import LabelCategories
 from ..functional.ranked_list import check_rll_params, ranked_list_terms
-from ..functional.validation import check_finite, prepare_embeddings, validate_indices_tuple
+from ..functional.ranked_list_chunked import SparseWeights, chunked_ranked_list_terms
+from ..functional.soft_histogram import pair_categories
+from ..functional.validation import (
+    check_finite,
+    check_int,
+    normalize_rows,
+    prepare_embeddings,
+    validate_indices_tuple,
+)
 from .distance_matrix import distance_matrix
 from .pair_masks import pair_masks
+
+
+def check_chunk_size(chunk_size) -> int | None:
+    """``chunk_size`` (query rows per chunk): ``None`` (automatic) or an integer >= 1."""
+    return None if chunk_size is None else check_int(chunk_size, "chunk_size", minimum=1)
+
+
+def euclidean_embeddings(distance, embeddings, ref_emb, is_self: bool, gallery_gradient: bool):
+    """``(queries, refs)`` for the chunked Euclidean kernel, or ``None`` for other distances.
+
+    Only a plain ``LpDistance(p=2, power=1)`` (PML's default for RLL, normalized or not) takes
+    the chunked path; subclasses and every other distance object are computed by calling them.
+    The embeddings are normalized with the shared
+    :func:`~pml_rank_plugins.functional.validation.normalize_rows` when the distance normalizes,
+    and the distance's stats recorded, as a PML distance call would. ``refs`` is detached unless ``gallery_gradient``; with ``is_self``
+    it is the normalized batch itself (so gradient through it reaches the same rows).
+    """
+    if type(distance) is not LpDistance or distance.p != 2 or distance.power != 1:
+        return None
+    distance.reset_stats()
+    gallery = ref_emb if gallery_gradient else ref_emb.detach()
+    distance.check_shapes(embeddings, gallery)
+    # The package's shared normalization (F.normalize's values, no overflow for huge rows, zero
+    # gradient for zero rows), as distance_matrix() uses for the dense path.
+    normalize = normalize_rows if distance.normalize_embeddings else (lambda rows: rows)
+    queries = normalize(embeddings)
+    if is_self:
+        refs = queries if gallery_gradient else queries.detach()
+    else:
+        refs = normalize(gallery)
+    distance.set_default_stats(embeddings, gallery, queries, refs)
+    return queries, refs
+
+
+def ranked_list_categories(labels, ref_labels, indices_tuple, is_self: bool):
+    """Pair categories of the ranked lists (0 positive, 1 negative, 2 ignored): derived per chunk
+    from the labels without a miner (nothing N x M stored), else ``N M`` int8 from the mined
+    pairs (:func:`~pml_rank_plugins.losses.pair_masks.pair_masks`)."""
+    if indices_tuple is None:
+        self_columns = torch.arange(len(labels), device=labels.device) if is_self else None
+        return LabelCategories(labels, ref_labels, self_columns)
+    pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
+    return pair_categories(pos_mask, neg_mask)
 
 
 class RankedListLoss(BaseMetricLossFunction):
@@ -58,7 +110,16 @@ class RankedListLoss(BaseMetricLossFunction):
 
     float16/bfloat16 embeddings, and any input under ``torch.autocast``, are computed in
     float32. ``alpha`` or ``lam`` so large that the loss overflows the compute dtype raise
-    ``ValueError`` naming them; any finite ``Tn``/``Tp`` works. O(N M) time and memory.
+    ``ValueError`` naming them; any finite ``Tn``/``Tp`` works.
+
+    Cost: with PML's default ``LpDistance(p=2, power=1)`` (normalized or not) the loss runs the
+    chunked kernel :mod:`pml_rank_plugins.functional.ranked_list_chunked`: O(N M d) time, memory
+    O(chunk_size x M) floats + O(number of mined pairs), no float N x M tensor (plus N M bytes
+    of pair categories with an ``indices_tuple``). ``chunk_size``: query rows per chunk
+    (``None``: 256K pairs or 128 rows, whichever is more, at most 4M pairs). Any other distance
+    object (subclasses included) is called as is and the dense kernel
+    :func:`pml_rank_plugins.functional.ranked_list.ranked_list_terms` runs on its ``(N, M)``
+    matrix: O(N M) memory.
     """
 
     def __init__(
@@ -69,10 +130,13 @@ class RankedListLoss(BaseMetricLossFunction):
         Tp: float = 0.0,
         lam: float = 1.0,
         gallery_gradient: bool = False,
+        chunk_size: int | None = None,
         **kwargs,
     ):
         check_rll_params(alpha, margin, Tn, Tp, lam)
+        chunk_size = check_chunk_size(chunk_size)
         super().__init__(**kwargs)
+        self.chunk_size = chunk_size
         if self.distance.is_inverted:
             raise ValueError("RankedListLoss needs a distance (small = similar), not a similarity")
         self.margin, self.alpha = float(margin), float(alpha)
@@ -117,21 +181,33 @@ class RankedListLoss(BaseMetricLossFunction):
                 self._set_empty_stats()
             return self.zero_losses()
         self.num_valid_queries, self.num_skipped_queries = len(emb), 0
-        dist = distance_matrix(self.distance, emb, ref, self.gallery_gradient)
-        with torch.no_grad():
-            pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
-            neg_weights = self._dense_pair_weights(indices_tuple, dist)
-        terms = ranked_list_terms(
-            dist,
-            pos_mask,
-            neg_mask,
-            alpha=self.alpha,
-            margin=self.margin,
-            Tn=self.Tn,
-            Tp=self.Tp,
-            lam=self.lam,
-            neg_weights=neg_weights,
-        )
+        neg_weights = self._pair_weights(indices_tuple, emb.device)
+        chunkable = euclidean_embeddings(self.distance, emb, ref, is_self, self.gallery_gradient)
+        if chunkable is not None:
+            queries, refs = chunkable
+            with torch.no_grad():
+                categories = ranked_list_categories(labels, ref_labels, indices_tuple, is_self)
+            terms = chunked_ranked_list_terms(
+                queries,
+                refs,
+                categories,
+                **self._params(),
+                neg_weights=None if neg_weights is None else SparseWeights(*neg_weights),
+                chunk_size=self.chunk_size,
+            )
+        else:  # any other distance object: its (N, M) matrix, then the dense kernel
+            dist = distance_matrix(self.distance, emb, ref, self.gallery_gradient)
+            with torch.no_grad():
+                pos_mask, neg_mask = pair_masks(
+                    labels, ref_labels, indices_tuple, exclude_self=is_self
+                )
+                dense_weights = None
+                if neg_weights is not None:
+                    dense_weights = torch.zeros_like(dist)
+                    dense_weights[neg_weights[0], neg_weights[1]] = neg_weights[2].to(dist.dtype)
+            terms = ranked_list_terms(
+                dist, pos_mask, neg_mask, **self._params(), neg_weights=dense_weights
+            )
         if self.collect_stats:
             self._set_stats(terms)
         return {
@@ -142,16 +218,19 @@ class RankedListLoss(BaseMetricLossFunction):
             }
         }
 
+    def _params(self) -> dict:
+        return dict(alpha=self.alpha, margin=self.margin, Tn=self.Tn, Tp=self.Tp, lam=self.lam)
+
     @staticmethod
-    def _dense_pair_weights(indices_tuple, dist):
-        """``(N, M)`` matrix holding ``indices_tuple.weights`` at ``(a2, n)``, or ``None``."""
+    def _pair_weights(indices_tuple, device):
+        """``(a2, n, weights)`` from ``indices_tuple.weights`` (checked), or ``None``."""
         weights = getattr(indices_tuple, "weights", None)
         if weights is None:
             return None
         if len(indices_tuple) != 4:
             raise ValueError("weights can only come with a pair tuple (a1, p, a2, n)")
         a2, n = indices_tuple[2], indices_tuple[3]
-        weights = torch.as_tensor(weights, device=dist.device)
+        weights = torch.as_tensor(weights, device=device)
         if weights.ndim != 1 or len(weights) != len(a2) or len(n) != len(a2):
             raise ValueError(
                 f"mismatched lengths: weights {tuple(weights.shape)} must align with the negative "
@@ -160,9 +239,7 @@ class RankedListLoss(BaseMetricLossFunction):
         check_finite(weights, "indices_tuple.weights")
         if (weights < 0).any():
             raise ValueError("indices_tuple.weights must be >= 0")
-        dense = torch.zeros_like(dist)
-        dense[a2, n] = weights.to(dist.dtype)
-        return dense
+        return a2.to(device), n.to(device), weights
 
     def _set_empty_stats(self):
         self.num_pos_pairs = self.num_neg_pairs = 0

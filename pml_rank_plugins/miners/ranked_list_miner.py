@@ -7,9 +7,11 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.miners import BaseMiner
 
 from ..functional.ranked_list import check_rll_params, mine_non_trivial, negative_weights
+from ..functional.ranked_list_chunked import chunked_ranked_list_mining
 from ..functional.validation import prepare_embeddings
 from ..losses.distance_matrix import distance_matrix
 from ..losses.pair_masks import pair_masks
+from ..losses.ranked_list import check_chunk_size, euclidean_embeddings, ranked_list_categories
 from .weighted_pairs import WeightedPairs
 
 
@@ -29,15 +31,29 @@ class RankedListMiner(BaseMiner):
     loss accepts it and ignores ``.weights``; :class:`pml_rank_plugins.losses.RankedListLoss` uses
     the weights (instead of its own ``Tn``) when present. Pairs are sorted by anchor. ``weights``
     is float32 for float16/bfloat16 embeddings and under ``torch.autocast``. An empty batch or
-    empty ``ref_emb`` gives empty tuples. O(N M) time and memory.
+    empty ``ref_emb`` gives empty tuples.
+
+    Cost: with the default ``LpDistance(p=2, power=1)`` mining runs chunk by chunk
+    (:func:`pml_rank_plugins.functional.ranked_list_chunked.chunked_ranked_list_mining`,
+    ``chunk_size`` query rows at a time): O(N M d) time, O(chunk_size x M) working memory plus
+    the output; any other distance object is called as is (O(N M) memory).
 
     Stats (``collect_stats``): ``num_pos_pairs``, ``num_neg_pairs`` (set by PML) and
     ``num_anchors_nothing_mined`` (queries with no non-trivial pair at all).
     """
 
-    def __init__(self, alpha: float = 1.2, margin: float = 0.4, Tn: float = 10.0, **kwargs):
+    def __init__(
+        self,
+        alpha: float = 1.2,
+        margin: float = 0.4,
+        Tn: float = 10.0,
+        chunk_size: int | None = None,
+        **kwargs,
+    ):
         check_rll_params(alpha, margin, Tn)
+        chunk_size = check_chunk_size(chunk_size)
         super().__init__(**kwargs)
+        self.chunk_size = chunk_size
         if self.distance.is_inverted:
             raise ValueError("RankedListMiner needs a distance (small = similar), not a similarity")
         self.alpha, self.margin, self.Tn = float(alpha), float(margin), float(Tn)
@@ -66,12 +82,22 @@ class RankedListMiner(BaseMiner):
             if self.collect_stats:
                 self.num_anchors_nothing_mined = len(emb)
             return WeightedPairs(empty, empty, empty, empty, weights=emb.new_zeros(0))
-        dist = distance_matrix(self.distance, emb, ref)
-        pos_mask, neg_mask = pair_masks(labels, ref_labels, exclude_self=is_self)
-        pos, neg = mine_non_trivial(dist, pos_mask, neg_mask, self.alpha, self.margin)
-        weights = negative_weights(dist, neg, self.Tn)
-        a1, p = pos.nonzero(as_tuple=True)
-        a2, n = neg.nonzero(as_tuple=True)
+        chunkable = euclidean_embeddings(self.distance, emb, ref, is_self, False)
+        if chunkable is not None:
+            categories = ranked_list_categories(labels, ref_labels, None, is_self)
+            a1, p, a2, n, weights = chunked_ranked_list_mining(
+                *chunkable, categories, self.alpha, self.margin, self.Tn, self.chunk_size
+            )
+        else:  # any other distance object: its (N, M) matrix
+            dist = distance_matrix(self.distance, emb, ref)
+            pos_mask, neg_mask = pair_masks(labels, ref_labels, exclude_self=is_self)
+            pos, neg = mine_non_trivial(dist, pos_mask, neg_mask, self.alpha, self.margin)
+            a1, p = pos.nonzero(as_tuple=True)
+            a2, n = neg.nonzero(as_tuple=True)
+            weights = negative_weights(dist, neg, self.Tn)[a2, n]
         if self.collect_stats:
-            self.num_anchors_nothing_mined = int((~(pos.any(1) | neg.any(1))).sum().item())
-        return WeightedPairs(a1, p, a2, n, weights=weights[a2, n])
+            mined = torch.zeros(len(emb), dtype=torch.bool, device=emb.device)
+            mined[a1] = True
+            mined[a2] = True
+            self.num_anchors_nothing_mined = int((~mined).sum().item())
+        return WeightedPairs(a1, p, a2, n, weights=weights)

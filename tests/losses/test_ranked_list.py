@@ -448,3 +448,49 @@ def test_bad_indices_with_miner_weights_raise_before_indexing():
     bad = WeightedPairs(i, torch.tensor([1]), torch.tensor([8]), i, weights=torch.ones(1))
     with pytest.raises(ValueError, match=r"indices_tuple\[2\] \(negative anchors\) has index 8"):
         RankedListLoss()(x, labels, bad)
+
+
+class DenseLp(LpDistance):
+    """An LpDistance subclass: RankedListLoss computes it as a dense (N, M) matrix (the generic
+    path for any distance object), so it checks the chunked Euclidean path against it."""
+
+
+@pytest.mark.parametrize("gallery_gradient", [False, True])
+@pytest.mark.parametrize("chunk_size", [1, 5, None])
+@pytest.mark.parametrize("mode", ["labels", "ref_emb", "miner_weights", "pml_miner"])
+def test_chunked_path_equals_dense_path(gallery_gradient, chunk_size, mode):
+    from pml_rank_plugins.miners import RankedListMiner
+
+    x, labels = embeddings(n=20, dim=3, num_classes=4, seed=30)
+    kwargs = dict(Tn=10.0, Tp=2.0, lam=0.7, gallery_gradient=gallery_gradient)
+    args, ref = (x, labels), None
+    if mode == "ref_emb":
+        ref, ref_labels = embeddings(n=17, dim=3, num_classes=4, seed=31)
+        args = (x, labels, None, ref, ref_labels)
+    elif mode == "miner_weights":
+        args = (x, labels, RankedListMiner(Tn=5.0)(x, labels))
+        assert len(args[2].weights) > 0
+    elif mode == "pml_miner":
+        args = (x, labels, MultiSimilarityMiner(epsilon=0.1)(x, labels))
+    chunked = RankedListLoss(chunk_size=chunk_size, reducer=PerQuery(), **kwargs)
+    dense = RankedListLoss(
+        distance=DenseLp(normalize_embeddings=True), reducer=PerQuery(), **kwargs
+    )
+    a, b = chunked(*args), dense(*args)
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    assert (a > 0).any()
+    inputs = (x,) if ref is None else (x, ref)
+    upstream = torch.rand(len(x), dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    ga = torch.autograd.grad(a, inputs, upstream, allow_unused=True)
+    gb = torch.autograd.grad(b, inputs, upstream, allow_unused=True)
+    for u, v in zip(ga, gb, strict=True):
+        if v is None:
+            assert u is None
+        else:
+            torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-12)
+
+
+def test_chunk_size_is_validated():
+    for bad in (0, -1, 2.5, True, "8"):
+        with pytest.raises(ValueError, match="chunk_size"):
+            RankedListLoss(chunk_size=bad)

@@ -252,3 +252,20 @@ def test_autocast_bfloat16_mines_in_float32():
     # Within bfloat16 tolerance of mining the float32 embeddings.
     loss32 = RankedListLoss()(model(inputs), labels, RankedListMiner()(model(inputs), labels))
     torch.testing.assert_close(loss, loss32, rtol=2e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, None])
+def test_chunked_mining_equals_dense_distance_path(chunk_size):
+    from pytorch_metric_learning.distances import LpDistance
+
+    class DenseLp(LpDistance):
+        """A subclass: mined from its dense (N, M) matrix (the generic path)."""
+
+    x, labels = make_embeddings_and_labels(n=20, dim=3, num_classes=4, seed=23)
+    r, ref_labels = make_embeddings_and_labels(n=13, dim=3, num_classes=4, seed=24)
+    for args in ((x, labels), (x, labels, r, ref_labels)):
+        ours = RankedListMiner(chunk_size=chunk_size)(*args)
+        dense = RankedListMiner(distance=DenseLp())(*args)
+        assert all(torch.equal(a, b) for a, b in zip(ours, dense, strict=True))
+        torch.testing.assert_close(ours.weights, dense.weights, rtol=1e-12, atol=1e-14)
+        assert len(ours[0]) > 0 and len(ours[2]) > 0

@@ -1,0 +1,432 @@
+"""Chunked Ranked List Loss kernel: O(chunk x M) memory, no float N x M tensor in either pass.
+
+Same loss as :func:`pml_rank_plugins.functional.ranked_list.ranked_list_terms` (Wang et al.,
+CVPR 2019, eqs. 8-14; the weights are constants, so each query's loss is linear in its mined
+distances), computed straight from the embeddings for the Euclidean distance
+``d_ij = ||q_i - r_j||`` (``sqrt(max(0, |q|^2 + |r|^2 - 2 q.r))``, as
+:func:`~pml_rank_plugins.functional.euclidean.euclidean_distances`).
+
+Per chunk of query rows (:func:`~pml_rank_plugins.functional.chunking.rows_per_chunk`), in
+buffers allocated once and reused:
+
+1. ``D = dist(Q_chunk, R)`` (one ``(rows, d) x (d, M)`` product);
+2. candidates from the pair categories (derived from the labels per chunk, or rows of a dense
+   int8 tensor with a miner), then RLL's non-trivial mining ``d > alpha - m`` / ``d < alpha``;
+3. weights: a masked softmax ``exp(Tp (d - max))`` over the mined positives and
+   ``exp(Tn (min - d))`` over the mined negatives (or a miner's ``.weights``, scattered into the
+   chunk from their sparse list), so no exponent is positive;
+4. per-query sums: ``Z+ = sum w+``, ``S+ = sum w+ d`` (and ``Z-``, ``S-``), giving
+   ``L_P = S+/Z+ - (alpha - m)``, ``L_N = alpha - S-/Z-``, ``L = L_P + lam L_N``.
+
+Backward recomputes steps 1-3 per chunk (bit-identical to the forward) and forms
+``c_ij = g_i (w+_ij / Z+_i - lam w-_ij / Z-_i) / d_ij`` (0 at ``d = 0``, the ``cdist``
+convention), then ``grad_q = q * sum_j c - c R`` and, when the references need gradient,
+``grad_r = r * sum_i c - c^T Q``. Nothing of size N x M is kept between the passes: only
+``O(N)`` per-query sums.
+
+Cost, for N queries, M references, dimension d: time 3 products of ``N M d`` (4 when the
+references get gradient), the minimum for a forward and a backward that does not store an
+``N x M`` matrix, plus ``O(N M)`` elementwise work in cache-sized chunks; memory
+``O(chunk x M)`` floats of reused buffers + ``O((N + M) d)``, and with a miner's pairs
+``N M`` bytes of categories plus the sparse weights.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from .chunking import DenseCategories, LabelCategories, rows_per_chunk
+from .ranked_list import (
+    RankedListTerms,
+    check_loss_finite,
+    check_loss_range,
+    check_rll_params,
+    scaled_exp_,
+)
+
+_POSITIVE, _NEGATIVE = 0, 1
+
+
+class _Params(NamedTuple):
+    alpha: float
+    margin: float
+    Tn: float
+    Tp: float
+    lam: float
+
+
+class SparseWeights:
+    """Non-negative weights of (query, reference) pairs as a sparse list, rows cut out per chunk.
+
+    ``rows(start, stop, out)`` writes the chunk's weights into ``out`` (zero elsewhere); each
+    chunk costs O(rows x M + pairs in the chunk). Duplicate pairs: one of their weights is kept,
+    as with dense assignment.
+    """
+
+    def __init__(self, anchors: torch.Tensor, refs: torch.Tensor, weights: torch.Tensor):
+        order = torch.argsort(anchors, stable=True)
+        self.anchors, self.refs, self.weights = anchors[order], refs[order], weights[order]
+
+    def rows(self, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+        out.zero_()
+        bounds = torch.tensor([start, stop], device=self.anchors.device)
+        lo, hi = torch.searchsorted(self.anchors, bounds).tolist()
+        if hi > lo:
+            out[self.anchors[lo:hi] - start, self.refs[lo:hi]] = self.weights[lo:hi].to(out.dtype)
+        return out
+
+
+class _Workspace:
+    """The per-chunk buffers, allocated once per pass for ``(rows, M)``."""
+
+    def __init__(self, rows: int, cols: int, like: torch.Tensor):
+        self.dist = like.new_empty(rows, cols)
+        self.w_pos = like.new_empty(rows, cols)
+        self.w_neg = like.new_empty(rows, cols)
+        self.pos = torch.empty(rows, cols, dtype=torch.bool, device=like.device)
+        self.neg = torch.empty(rows, cols, dtype=torch.bool, device=like.device)
+        self.cand = torch.empty(rows, cols, dtype=torch.bool, device=like.device)
+
+
+def _masked_exp_(w: torch.Tensor, mask: torch.Tensor, dist: torch.Tensor, T: float, sign: float):
+    """``w = exp(sign T (d - ext))`` on ``mask``, 0 elsewhere, ``ext`` the row max (sign +1) or
+    min (sign -1) of ``d`` over the mask; every exponent <= 0 (see ``ranked_list._masked_exp``).
+    Writes into ``w`` (returns it, or a new tensor when ``T`` exceeds the dtype's range)."""
+    if T == 0.0:
+        return w.copy_(mask)
+    fill = dist.new_tensor(float("-inf") if sign > 0 else float("inf"))
+    torch.where(mask, dist, fill, out=w)
+    ext = w.amax(dim=1, keepdim=True) if sign > 0 else w.amin(dim=1, keepdim=True)
+    ext.masked_fill_(~torch.isfinite(ext), 0.0)
+    # Off the mask: (+-inf - ext) * sign = -inf, exp(-inf * T) = 0; on it: sign (d - ext) <= 0.
+    w.sub_(ext)
+    if sign < 0:
+        w.neg_()
+    return scaled_exp_(w, T)
+
+
+def _given_weights_(w: torch.Tensor, mask: torch.Tensor, source: SparseWeights, start: int):
+    """A miner's weights on ``mask``, each row scaled so its largest is 1 (``1 / Z`` finite)."""
+    source.rows(start, start + len(w), w).mul_(mask)
+    row_max = w.amax(dim=1, keepdim=True)
+    return w.div_(torch.where(row_max > 0, row_max, 1.0))
+
+
+def _mine_chunk(queries, refs, ref_sq, categories, params: _Params, ws: _Workspace, start):
+    """Steps 1-2 of the module docstring for query rows ``[start, start + len(queries))``:
+    ``(dist, pos, neg)`` views into the workspace."""
+    rows = len(queries)
+    dist, pos, neg, cand = ws.dist[:rows], ws.pos[:rows], ws.neg[:rows], ws.cand[:rows]
+    # |q|^2 broadcast into the product's output, |r|^2 added in place (as euclidean_distances).
+    torch.addmm((queries * queries).sum(1, keepdim=True), queries, refs.T, alpha=-2.0, out=dist)
+    dist.add_(ref_sq).clamp_min_(0.0).sqrt_()
+    cat = categories.rows(start, start + rows)
+    torch.gt(dist, params.alpha - params.margin, out=pos)
+    pos.logical_and_(torch.eq(cat, _POSITIVE, out=cand))
+    torch.lt(dist, params.alpha, out=neg)
+    neg.logical_and_(torch.eq(cat, _NEGATIVE, out=cand))
+    return dist, pos, neg
+
+
+def _dense_weights(dist, pos, neg, neg_source, params: _Params, ws: _Workspace, start):
+    """Step 3 over the whole chunk: unnormalized ``(w_pos, w_neg)`` views into the workspace."""
+    rows = len(dist)
+    w_pos = _masked_exp_(ws.w_pos[:rows], pos, dist, params.Tp, 1.0)
+    if neg_source is None:
+        w_neg = _masked_exp_(ws.w_neg[:rows], neg, dist, params.Tn, -1.0)
+    else:
+        w_neg = _given_weights_(ws.w_neg[:rows], neg, neg_source, start)
+    return w_pos, w_neg
+
+
+def _segment_exp(d, row, rows: int, T: float, sign: float) -> torch.Tensor:
+    """Sparse twin of :func:`_masked_exp_`: ``exp(sign T (d - ext[row]))`` for a list of mined
+    distances ``d`` of query rows ``row``, ``ext`` the per-row max (sign +1) or min (sign -1)."""
+    if T == 0.0:
+        return torch.ones_like(d)
+    fill, how = (float("-inf"), "amax") if sign > 0 else (float("inf"), "amin")
+    ext = d.new_full((rows,), fill).scatter_reduce_(0, row, d, how, include_self=False)
+    x = d - ext[row]  # the same difference, hence the same exponent, as the dense path
+    if sign < 0:
+        x.neg_()
+    return scaled_exp_(x, T)
+
+
+def _segment_sum(values, row, rows: int) -> torch.Tensor:
+    return values.new_zeros(rows).index_add_(0, row, values)
+
+
+def _inverse(total: torch.Tensor) -> torch.Tensor:
+    return torch.where(total > 0, 1.0 / total, 0.0)
+
+
+# A chunk whose mined pairs are at most this fraction of its pairs keeps them as a sparse list
+# (row, column: int32; coefficient) for the backward, 12-16 bytes per mined pair, i.e. at most
+# half a byte per pair of the chunk; a denser chunk is recomputed in the backward instead.
+SPARSE_FRACTION = 1 / 32
+
+
+class _ChunkedRankedList(torch.autograd.Function):
+    """``(loss, pos_loss, neg_loss, num_pos, num_neg)`` per query; only ``loss`` is
+    differentiable (w.r.t. ``queries`` and, when it requires grad, ``refs``).
+
+    RLL mines few pairs (the non-trivial ones), so most chunks take the sparse path: after the
+    distances and the mining masks, everything else (weights, sums, the backward coefficients
+    ``c_ij = dL_i/dd_ij / d_ij``) runs on the list of mined pairs, which is kept for a backward of
+    two sparse products. Chunks with more than ``SPARSE_FRACTION`` of their pairs mined run the
+    dense path and are recomputed in the backward. Both give the same values.
+    """
+
+    @staticmethod
+    def forward(ctx, queries, refs, categories, neg_source, params, chunk_rows):
+        n, m = len(queries), len(refs)
+        ref_sq = (refs * refs).sum(1).unsqueeze(0)
+        z_pos, s_pos = queries.new_zeros(n), queries.new_zeros(n)
+        z_neg, s_neg = queries.new_zeros(n), queries.new_zeros(n)
+        num_pos = torch.zeros(n, dtype=torch.long, device=queries.device)
+        num_neg = torch.zeros_like(num_pos)
+        ws = _Workspace(min(chunk_rows, n), m, queries)
+        sparse, dense_starts = [], []
+        for start in range(0, n, chunk_rows):
+            stop = min(start + chunk_rows, n)
+            rows = stop - start
+            q = queries[start:stop]
+            dist, pos, neg = _mine_chunk(q, refs, ref_sq, categories, params, ws, start)
+            mined = torch.logical_or(pos, neg, out=ws.cand[:rows])
+            if int(torch.count_nonzero(mined)) <= SPARSE_FRACTION * rows * m:
+                sums, stored = _sparse_chunk(dist, pos, mined, neg_source, params, ws, start)
+                sparse.append(stored)
+            else:
+                sums = _dense_chunk_sums(dist, pos, neg, neg_source, params, ws, start)
+                dense_starts.append(start)
+            for total, part in zip((z_pos, s_pos, z_neg, s_neg, num_pos, num_neg), sums):
+                total[start:stop] = part
+        inv_zp, inv_zn = _inverse(z_pos), _inverse(z_neg)
+        # Weighted mean distances, then the hinge offsets (eqs. 11, 12); >= 0 up to rounding.
+        pos_loss = (s_pos * inv_zp - (params.alpha - params.margin)).masked_fill_(z_pos <= 0, 0.0)
+        neg_loss = (params.alpha - s_neg * inv_zn).masked_fill_(z_neg <= 0, 0.0)
+        pos_loss.clamp_min_(0.0), neg_loss.clamp_min_(0.0)
+        loss = pos_loss + params.lam * neg_loss
+        check_loss_finite(loss, params.alpha, params.lam)
+        ctx.save_for_backward(queries, refs, inv_zp, inv_zn)
+        ctx.setup = (categories, neg_source, params, chunk_rows, sparse, dense_starts)
+        ctx.mark_non_differentiable(pos_loss, neg_loss, num_pos, num_neg)
+        return loss, pos_loss, neg_loss, num_pos, num_neg
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_):
+        queries, refs, inv_zp, inv_zn = ctx.saved_tensors
+        categories, neg_source, params, chunk_rows, sparse, dense_starts = ctx.setup
+        n, m = len(queries), len(refs)
+        need_q, need_r = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_q = torch.zeros_like(queries) if need_q else None
+        grad_r = torch.zeros_like(refs) if need_r else None
+        if grad_loss is None or not (need_q or need_r):
+            return grad_q, grad_r, None, None, None, None
+        # dd_ij/dq_i = (q_i - r_j) / d_ij, so with c_ij = g_i dL_i/dd_ij / d_ij:
+        # grad_q = q * sum_j c - c R and grad_r = r * sum_i c - c^T Q.
+        # Sparse chunks: two sparse products per chunk, temporaries O(mined pairs of a chunk).
+        col_sum = refs.new_zeros(m) if need_r else None
+        for start, row, col, val in sparse:
+            stop = min(start + chunk_rows, n)
+            row, col = row.long(), col.long()
+            val = val * grad_loss[start:stop][row]
+            coef = torch.sparse_coo_tensor(
+                torch.stack([row, col]), val, (stop - start, m), check_invariants=False
+            )
+            q = queries[start:stop]
+            if need_q:
+                grad_q[start:stop].addcmul_(q, _segment_sum(val, row, stop - start).unsqueeze(1))
+                grad_q[start:stop].sub_(torch.sparse.mm(coef, refs))
+            if need_r:
+                col_sum.index_add_(0, col, val)
+                grad_r.sub_(torch.sparse.mm(coef.t(), q))
+        if dense_starts:
+            scale_pos = grad_loss * inv_zp
+            scale_neg = grad_loss * inv_zn * params.lam
+            ref_sq = (refs * refs).sum(1).unsqueeze(0)
+            ws = _Workspace(min(chunk_rows, n), m, queries)
+            for start in dense_starts:
+                stop = min(start + chunk_rows, n)
+                q = queries[start:stop]
+                dist, pos, neg = _mine_chunk(q, refs, ref_sq, categories, params, ws, start)
+                w_pos, w_neg = _dense_weights(dist, pos, neg, neg_source, params, ws, start)
+                coef = w_pos.mul_(scale_pos[start:stop, None])
+                coef.sub_(w_neg.mul_(scale_neg[start:stop, None])).div_(dist)
+                coef.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # d = 0: gradient 0, as cdist
+                if need_q:
+                    grad_q[start:stop].addcmul_(q, coef.sum(1, keepdim=True))
+                    grad_q[start:stop].addmm_(coef, refs, alpha=-1.0)
+                if need_r:
+                    col_sum.add_(coef.sum(0))
+                    grad_r.addmm_(coef.T, q, alpha=-1.0)
+        if need_r:
+            grad_r.addcmul_(refs, col_sum.unsqueeze(1))
+        return grad_q, grad_r, None, None, None, None
+
+
+def _dense_chunk_sums(dist, pos, neg, neg_source, params, ws, start):
+    """Per-row ``(Z+, S+, Z-, S-, #pos, #neg)`` of a chunk over its full ``(rows, M)`` buffers."""
+    w_pos, w_neg = _dense_weights(dist, pos, neg, neg_source, params, ws, start)
+    return (
+        w_pos.sum(1),
+        torch.linalg.vecdot(w_pos, dist),
+        w_neg.sum(1),
+        torch.linalg.vecdot(w_neg, dist),
+        pos.sum(1, dtype=torch.int32),
+        neg.sum(1, dtype=torch.int32),
+    )
+
+
+def _sparse_chunk(dist, pos, mined, neg_source, params, ws, start):
+    """Per-row sums of a chunk from its list of mined pairs, and that list with each pair's
+    backward coefficient ``dL_i/dd_ij / d_ij``: ``(start, local rows, columns, coefficients)``."""
+    rows = len(dist)
+    row, col = mined.nonzero(as_tuple=True)
+    d, is_pos = dist[row, col], pos[row, col]
+    is_neg = ~is_pos
+    rp, dp = row[is_pos], d[is_pos]
+    rn, cn, dn = row[is_neg], col[is_neg], d[is_neg]
+    e_pos = _segment_exp(dp, rp, rows, params.Tp, 1.0)
+    if neg_source is None:
+        e_neg = _segment_exp(dn, rn, rows, params.Tn, -1.0)
+    else:  # a miner's weights, each row scaled so its largest is 1 (as the dense path)
+        e_neg = neg_source.rows(start, start + rows, ws.w_neg[:rows])[rn, cn]
+        row_max = e_neg.new_zeros(rows).scatter_reduce_(0, rn, e_neg, "amax")
+        e_neg = e_neg / torch.where(row_max > 0, row_max, 1.0)[rn]
+    z_pos, z_neg = _segment_sum(e_pos, rp, rows), _segment_sum(e_neg, rn, rows)
+    sums = (
+        z_pos,
+        _segment_sum(e_pos * dp, rp, rows),
+        z_neg,
+        _segment_sum(e_neg * dn, rn, rows),
+        torch.bincount(rp, minlength=rows),
+        torch.bincount(rn, minlength=rows),
+    )
+    # dL_i/dd_ij = w+_ij / Z+_i on positives, -lam w-_ij / Z-_i on negatives; then / d_ij (0 at
+    # d = 0, the cdist convention; a mined positive has d > alpha - m > 0).
+    c_pos = e_pos.mul_(_inverse(z_pos)[rp]).div_(dp)
+    c_neg = e_neg.mul_(_inverse(z_neg)[rn]).mul_(-params.lam).div_(dn)
+    c_neg.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    stored = (
+        start,
+        torch.cat([rp, rn]).int(),
+        torch.cat([col[is_pos], cn]).int(),
+        torch.cat([c_pos, c_neg]),
+    )
+    return sums, stored
+
+
+def chunked_ranked_list_terms(
+    queries: torch.Tensor,
+    refs: torch.Tensor,
+    categories,
+    alpha: float = 1.2,
+    margin: float = 0.4,
+    Tn: float = 10.0,
+    Tp: float = 0.0,
+    lam: float = 1.0,
+    neg_weights: Optional[SparseWeights] = None,
+    chunk_size: Optional[int] = None,
+) -> RankedListTerms:
+    """Per-query Ranked List Loss of ``queries`` against ``refs`` with Euclidean distances.
+
+    Args:
+        queries: ``(N, d)`` (typically L2-normalized) query embeddings, finite, float32/float64.
+        refs: ``(M, d)`` reference embeddings in the same dtype; pass ``queries`` itself to rank
+            the batch against itself with gradient through both ends of every pair, or
+            ``queries.detach()`` for gradient through the query side only.
+        categories: per-pair categories, ``0`` candidate positive, ``1`` candidate negative,
+            ``2`` ignored (self pair, unmined pair): a
+            :class:`~pml_rank_plugins.functional.chunking.LabelCategories`,
+            :class:`~pml_rank_plugins.functional.chunking.DenseCategories` or an ``(N, M)`` int8
+            tensor.
+        alpha, margin, Tn, Tp, lam: as in :func:`ranked_list_terms`.
+        neg_weights: optional :class:`SparseWeights` replacing the ``Tn`` weights (renormalized
+            over each query's mined negatives; constants).
+        chunk_size: query rows per chunk (``None``: :func:`rows_per_chunk`).
+
+    Returns:
+        :class:`~pml_rank_plugins.functional.ranked_list.RankedListTerms`; ``loss`` is
+        differentiable w.r.t. ``queries`` and ``refs``.
+
+    Time O(N M d) (three ``N x M x d`` products, four with reference gradient) + O(N M)
+    elementwise; memory O(chunk x M) + O((N + M) d) beyond the inputs (see the module docstring).
+    """
+    check_rll_params(alpha, margin, Tn, Tp, lam)
+    if queries.ndim != 2 or refs.ndim != 2 or queries.shape[1] != refs.shape[1]:
+        raise ValueError(
+            f"need (N, d) queries and (M, d) refs, got {tuple(queries.shape)}, {tuple(refs.shape)}"
+        )
+    if queries.dtype != refs.dtype or not queries.dtype.is_floating_point:
+        raise ValueError(
+            f"queries and refs must share one float dtype, got {queries.dtype}, " f"{refs.dtype}"
+        )
+    if isinstance(categories, torch.Tensor):
+        categories = DenseCategories(categories)
+    if tuple(categories.shape) != (len(queries), len(refs)):
+        raise ValueError(
+            f"categories must have shape {(len(queries), len(refs))}, got {tuple(categories.shape)}"
+        )
+    check_loss_range(queries.dtype, alpha, lam)
+    params = _Params(float(alpha), float(margin), float(Tn), float(Tp), float(lam))
+    chunk_rows = rows_per_chunk(len(queries), len(refs), chunk_size)
+    with torch.autocast(queries.device.type, enabled=False):
+        loss, pos_loss, neg_loss, num_pos, num_neg = _ChunkedRankedList.apply(
+            queries, refs, categories, neg_weights, params, chunk_rows
+        )
+    return RankedListTerms(loss, pos_loss, neg_loss, num_pos, num_neg)
+
+
+def chunked_ranked_list_mining(
+    queries: torch.Tensor,
+    refs: torch.Tensor,
+    categories,
+    alpha: float = 1.2,
+    margin: float = 0.4,
+    Tn: float = 10.0,
+    chunk_size: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RLL's non-trivial pairs and normalized negative weights, chunk by chunk (no gradient).
+
+    Returns ``(a1, p, a2, n, weights)``: mined positive pairs ``(a1, p)``, mined negative pairs
+    ``(a2, n)`` sorted by anchor, and ``weights[k] = exp(Tn (alpha - d)) / sum`` over anchor
+    ``a2[k]``'s mined negatives. Same chunking and memory as :func:`chunked_ranked_list_terms`
+    plus the output (O(number of mined pairs)).
+    """
+    check_rll_params(alpha, margin, Tn)
+    if isinstance(categories, torch.Tensor):
+        categories = DenseCategories(categories)
+    params = _Params(float(alpha), float(margin), float(Tn), 0.0, 1.0)
+    n, m = len(queries), len(refs)
+    chunk_rows = rows_per_chunk(n, m, chunk_size)
+    out = [[], [], [], [], []]
+    with torch.no_grad(), torch.autocast(queries.device.type, enabled=False):
+        ref_sq = (refs * refs).sum(1).unsqueeze(0)
+        ws = _Workspace(min(chunk_rows, max(n, 1)), m, queries)
+        for start in range(0, n, chunk_rows):
+            stop = min(start + chunk_rows, n)
+            dist, pos, neg = _mine_chunk(
+                queries[start:stop], refs, ref_sq, categories, params, ws, start
+            )
+            _, w_neg = _dense_weights(dist, pos, neg, None, params, ws, start)
+            a1, p = pos.nonzero(as_tuple=True)
+            a2, ng = neg.nonzero(as_tuple=True)
+            inv = _inverse(w_neg.sum(1))
+            out[4].append(w_neg[a2, ng] * inv[a2])
+            for k, v in enumerate((a1 + start, p, a2 + start, ng)):
+                out[k].append(v)
+    empty = torch.zeros(0, dtype=torch.long, device=queries.device)
+    a1, p, a2, ng = (torch.cat(v) if v else empty for v in out[:4])
+    weights = torch.cat(out[4]) if out[4] else queries.new_zeros(0)
+    return a1, p, a2, ng, weights
+
+
+__all__ = [
+    "LabelCategories",
+    "SparseWeights",
+    "chunked_ranked_list_mining",
+    "chunked_ranked_list_terms",
+]
