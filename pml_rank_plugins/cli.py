@@ -183,7 +183,11 @@ def _parser() -> argparse.ArgumentParser:
         "pml-rank check configs/benchmarks/mlrc_cub200.yaml --data-root /data",
     )
     k.add_argument("configs", nargs="+", help="config files, e.g. configs/default.yaml")
-    k.add_argument("--methods", default=None, help="comma-separated subset of method names")
+    k.add_argument(
+        "--methods",
+        default=None,
+        help='comma-separated subset of method names, e.g. --methods "plugin FastAP,PML FastAP"',
+    )
     add_common(k)
 
     sw = sub.add_parser(

@@ -194,7 +194,7 @@ def test_unequal_image_sizes_name_the_transform_key(tmp_path):
         runner.train(cfg, tmp_path / "run")
     del cfg["transforms"]
     with pytest.raises(ConfigError, match=r"transforms \(not set: the dataset's built-in"):
-        runner.train(cfg, tmp_path / "run")
+        runner.train(cfg, tmp_path / "run2")
 
 
 def test_missing_data_root_names_key_folder_and_archive(tmp_path):
@@ -219,7 +219,7 @@ def test_missing_weights_file_names_key_and_file(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
         builder.build_models(cfg, torch.device("cpu"))
     text = str(err.value)
-    assert "models.trunk.ResNetTrunk" in text and str(tmp_path / "w" / "r18.pth") in text
+    assert "models.trunk: ResNetTrunk" in text and str(tmp_path / "w" / "r18.pth") in text
     assert "Nothing is downloaded" in text
 
 
