@@ -57,10 +57,33 @@ def build_object(spec: Any, where: str, **injected) -> Any:
             if accepted is None and k not in _named_params(obj):
                 continue
             kwargs[k] = v
+    return call_named(where, name, obj, **kwargs)
+
+
+def call_named(where: str, name: str, fn, *args, **kwargs) -> Any:
+    """``fn(*args, **kwargs)``; an exception is re-raised with ``where: name:`` in front, so every
+    error while building an object names its config key (``optimizers.trunk_optimizer: Adam:
+    ...``). The type is kept where it takes a message (so callers can still catch it), else
+    :class:`ConfigError`; a ``TypeError`` also shows the signature."""
     try:
-        return obj(**kwargs)
-    except TypeError as e:
-        raise TypeError(f"{where}: {name}: {e}; signature: {registry.signature_text(obj)}") from e
+        return fn(*args, **kwargs)
+    except Exception as e:
+        prefix = f"{where}: {name}: "
+        if str(e).startswith(prefix):
+            raise
+        if isinstance(e, TypeError):
+            msg = f"{prefix}{e}; signature: {registry.signature_text(fn)}"
+            raise TypeError(msg) from e
+        raise _renamed(e, prefix) from e
+
+
+def _renamed(e: Exception, prefix: str) -> Exception:
+    if type(e) in (Exception, RuntimeError, KeyError, AssertionError):
+        return ConfigError(f"{prefix}{type(e).__name__}: {e}")
+    try:
+        return type(e)(f"{prefix}{e}")
+    except Exception:  # an exception class whose constructor wants more than a message
+        return ConfigError(f"{prefix}{type(e).__name__}: {e}")
 
 
 def _named_params(obj) -> set[str]:
@@ -97,7 +120,9 @@ def build_splits(config: dict, seed: int) -> dict[str, torch.utils.data.Dataset]
         return {"train": dataset}
     fn_name, fn_kwargs = spec_name_and_kwargs(split, "split")
     fn = registry.resolve(fn_name)
-    parts = fn(np.asarray(dataset.labels), **instantiate(fn_kwargs, "split"))
+    parts = call_named(
+        "split", fn_name, fn, np.asarray(dataset.labels), **instantiate(fn_kwargs, "split")
+    )
     if len(parts) != len(names):
         raise ConfigError(f"split: {fn_name} returned {len(parts)} parts for names {names}")
     out = {n: labeled_subset(dataset, idx) for n, idx in zip(names, parts, strict=True)}
@@ -169,7 +194,7 @@ def build_optimizers(config: dict, models: dict, losses: dict) -> dict:
         cls = registry.resolve(name)
         kwargs = instantiate(kwargs, f"optimizers.{key}.{name}")
         registry.check_keywords(cls, {"params": None, **kwargs}, f"optimizers.{key}")
-        out[key] = cls(params, **kwargs)
+        out[key] = call_named(f"optimizers.{key}", name, cls, params, **kwargs)
     return out
 
 
@@ -188,7 +213,7 @@ def build_lr_schedulers(config: dict, optimizers: dict) -> dict:
         name, kwargs = spec_name_and_kwargs(spec, f"lr_schedulers.{key}")
         cls = registry.resolve(name)
         kwargs = instantiate(kwargs, f"lr_schedulers.{key}.{name}")
-        out[key] = cls(optimizers[opt_key], **kwargs)
+        out[key] = call_named(f"lr_schedulers.{key}", name, cls, optimizers[opt_key], **kwargs)
     return out
 
 
