@@ -61,7 +61,7 @@ def build_object(spec: Any, where: str, **injected) -> Any:
     return call_named(where, name, obj, **kwargs)
 
 
-def call_named(where: str, name: str, fn, *args, **kwargs) -> Any:
+def call_named(where: str, name: str, fn, /, *args, **kwargs) -> Any:
     """``fn(*args, **kwargs)``; an exception is re-raised with ``where: name:`` in front, so every
     error while building an object names its config key (``optimizers.trunk_optimizer: Adam:
     ...``). The type is kept where it takes a message (so callers can still catch it), else
