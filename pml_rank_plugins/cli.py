@@ -1,13 +1,17 @@
-"""Command line interface ``pml-rank`` (also ``python -m pml_rank_plugins.cli``).
+"""Command line interface ``pml-rank`` (also ``python -m pml_rank_plugins``).
 
-pml-rank train CONFIG [--out RUN_DIR] [--method NAME] [--set key=value ...] [--resume]
+pml-rank train CONFIG [--out RUN_DIR] [--method NAME] [--set key=value ...] [--resume|--overwrite]
 pml-rank eval RUN_DIR [--which best|latest]
 pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--reference NAME] [--jobs K]
 pml-rank sweep CONFIG --method NAME --grid KEY=V1,V2 [--grid ...] [--seeds N] [--out DIR]
+pml-rank check CONFIG... [--data-root DIR] [--set key=value ...]   # build everything, no training
 pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to
-
-torchrun --nproc_per_node=R -m pml_rank_plugins.cli train|compare ...   # R processes, one
+torchrun --nproc_per_node=R -m pml_rank_plugins train|compare ...   # R processes, one
     global batch (trainer.batch_size) split over them; see the README's "Scaling" section
+
+CONFIG is a YAML file or the name of a shipped config (``default``, ``omniglot``); a file wins.
+Exit status: 0 success, 1 the run failed (non-finite loss, bad data, busy or unreadable run
+folder), 2 a config or command-line mistake. ``-v`` shows PML's log and full tracebacks.
 """
 
 from __future__ import annotations
@@ -15,24 +19,47 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 import yaml
 
-from .config import compare, distributed, registry, runner, sweep
+from .config import check, compare, distributed, registry, runner, sweep
 from .config.compare import slug
+from .config.data_root import data_root_override
+from .config.faults import NonFiniteError
 from .config.registry import UnknownNameError
+from .config.run_folder import RunFolderError
 from .config.schema import ConfigError
+from .config.shipped import resolve_config
 
 # Raised while loading/validating configs only (never caught around training).
 CONFIG_ERRORS = (ConfigError, UnknownNameError, TypeError, ValueError, OSError, yaml.YAMLError)
+# Raised by a run (training, evaluation): reported as one line, exit status 1.
+RUN_ERRORS = (NonFiniteError, RunFolderError, ValueError, TypeError, OSError)
+
+EPILOG = """examples:
+  pml-rank compare default --out runs/default           # shipped config, every method
+  pml-rank train configs/default.yaml --method "plugin FastAP" --out runs/fastap
+  pml-rank train default --method "plugin FastAP" --out runs/fastap --resume \\
+      --set trainer.num_epochs=12                         # extend a finished run
+  pml-rank eval runs/fastap --which latest
+  pml-rank list FastAP
+"""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pml-rank", description=__doc__.split("\n")[0])
-    p.add_argument("-v", "--verbose", action="store_true", help="log PML's INFO messages too")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(
+        prog="pml-rank",
+        description=__doc__.split("\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="log PML's INFO messages and full tracebacks"
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add_common(sp):
         sp.add_argument(
@@ -41,21 +68,70 @@ def _parser() -> argparse.ArgumentParser:
             action="append",
             default=[],
             metavar="KEY=VALUE",
-            help="override a config value (dotted path, YAML value); repeatable",
+            help="override a config value (dotted path, YAML value), repeatable, e.g. "
+            "--set trainer.num_epochs=2 --set 'optimizers.trunk_optimizer={Adam: {lr: 1e-4}}'",
         )
-        sp.add_argument("--device", default=None, help="torch device (default: config or cpu)")
+        sp.add_argument(
+            "--device", default=None, help="torch device, e.g. --device cuda:0 (default: cpu)"
+        )
+        add_data_root(sp)
 
-    t = sub.add_parser("train", help="train one config (every method in it, or --method)")
-    t.add_argument("config")
-    t.add_argument("--out", default=None, help="run folder (default runs/<config stem>)")
-    t.add_argument("--method", default=None, help="train only this method of the config")
-    t.add_argument("--resume", action="store_true", help="continue from checkpoints/latest.pt")
+    def add_data_root(sp):
+        sp.add_argument(
+            "--data-root",
+            default=None,
+            metavar="DIR",
+            help="folder that relative dataset roots and weights paths start from, e.g. "
+            "--data-root /data (CUB at /data/CUB_200_2011); default $PML_RANK_DATA",
+        )
+
+    def add_overwrite(sp):
+        sp.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace what a run folder already holds (otherwise refused unless --resume)",
+        )
+
+    t = sub.add_parser(
+        "train",
+        help="train one config (every method in it, or --method), e.g. pml-rank train default",
+    )
+    t.add_argument(
+        "config", help="YAML file or shipped config name, e.g. configs/default.yaml or default"
+    )
+    t.add_argument(
+        "--out",
+        default=None,
+        help="run folder, e.g. --out runs/fastap (default runs/<config stem>; one sub-folder "
+        "per method when several are trained)",
+    )
+    t.add_argument(
+        "--method", default=None, help='train only this method, e.g. --method "plugin FastAP"'
+    )
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from checkpoints/latest.pt; the config may only change the budget "
+        "(--set trainer.num_epochs=12 extends a finished run)",
+    )
+    add_overwrite(t)
     add_common(t)
 
-    e = sub.add_parser("eval", help="evaluate a run folder's best (or latest) checkpoint")
-    e.add_argument("run_dir")
-    e.add_argument("--which", default="best", choices=["best", "latest"])
-    e.add_argument("--device", default=None)
+    e = sub.add_parser(
+        "eval",
+        help="evaluate a run folder's best (or latest) checkpoint, e.g. pml-rank eval runs/x",
+    )
+    e.add_argument("run_dir", help="the --out of a train run, e.g. runs/fastap")
+    e.add_argument(
+        "--which",
+        default="best",
+        choices=["best", "latest"],
+        help="checkpoint to evaluate, e.g. --which latest (default best)",
+    )
+    e.add_argument(
+        "--device", default=None, help="torch device, e.g. --device cuda:0 (default: cpu)"
+    )
+    add_data_root(e)
 
     def add_stats(sp, what):
         sp.add_argument(
@@ -75,23 +151,53 @@ def _parser() -> argparse.ArgumentParser:
         )
 
     c = sub.add_parser(
-        "compare", help="methods x seeds -> table with 95%% CIs, paired tests, plots"
+        "compare",
+        help="methods x seeds -> table with 95%% CIs, paired tests, plots, e.g. "
+        "pml-rank compare default",
     )
-    c.add_argument("configs", nargs="+")
-    c.add_argument("--seeds", type=int, default=1, help="number of seeds per method")
-    c.add_argument("--out", default="runs/compare")
-    c.add_argument("--methods", default=None, help="comma-separated subset of method names")
+    c.add_argument(
+        "configs",
+        nargs="+",
+        help="YAML files or shipped config names, e.g. default or configs/omniglot.yaml",
+    )
+    c.add_argument("--seeds", type=int, default=1, help="seeds per method, e.g. --seeds 3")
+    c.add_argument("--out", default="runs/compare", help="output folder, e.g. --out runs/default")
+    c.add_argument(
+        "--methods",
+        default=None,
+        help='comma-separated subset of method names, e.g. --methods "PML FastAP,plugin FastAP"',
+    )
     c.add_argument(
         "--resume",
         action="store_true",
         help="reuse finished runs, continue interrupted ones, retry failed ones and rewrite the"
         " tables (re-summarizes without retraining)",
     )
+    add_overwrite(c)
     add_stats(c, "method")
     add_common(c)
 
-    sw = sub.add_parser("sweep", help="one method over a grid of overrides x seeds -> table, plots")
-    sw.add_argument("config", help="config file, e.g. configs/default.yaml")
+    k = sub.add_parser(
+        "check",
+        help="build every object of every method without training, e.g. "
+        "pml-rank check configs/benchmarks/mlrc_cub200.yaml --data-root /data",
+    )
+    k.add_argument("configs", nargs="+", help="config files, e.g. configs/default.yaml")
+    k.add_argument(
+        "--methods",
+        default=None,
+        help='comma-separated subset of method names, e.g. --methods "plugin FastAP,PML FastAP"',
+    )
+    add_common(k)
+
+    sw = sub.add_parser(
+        "sweep",
+        help="one method over a grid of overrides x seeds -> table, plots, e.g. "
+        'pml-rank sweep default --method "plugin FastAP" --grid trainer.batch_size=32,64',
+    )
+    sw.add_argument(
+        "config", help="config file or shipped config name, e.g. configs/default.yaml or default"
+    )
     sw.add_argument(
         "--method",
         default=None,
@@ -116,23 +222,58 @@ def _parser() -> argparse.ArgumentParser:
     add_stats(sw, "cell")
     add_common(sw)
 
-    ls = sub.add_parser("list", help="list resolvable names")
-    ls.add_argument("substring", nargs="?", default="")
+    ls = sub.add_parser("list", help="list resolvable names, e.g. pml-rank list FastAP")
+    ls.add_argument(
+        "substring",
+        nargs="?",
+        default="",
+        help="show names or targets containing it (any case), e.g. FastAP",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        try:
+            args = _parser().parse_args(argv)  # --help exits here
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _closed_pipe()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         logging.getLogger("PML").setLevel(logging.WARNING)
     try:
-        return _run(args)
+        rc = _run(args)
+        sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
+        return rc
+    except BrokenPipeError:  # before OSError
+        return _closed_pipe()
     except _BadConfig as e:
         print(f"pml-rank: config error: {e}", file=sys.stderr)
         return 2
+    except (ConfigError, UnknownNameError) as e:
+        _report(args, "config error", e)
+        return 2
+    except RUN_ERRORS as e:
+        _report(args, "error", e)
+        return 1
     finally:
         distributed.shutdown()  # under torchrun: the process group runner.train started
+
+
+def _closed_pipe() -> int:
+    """`pml-rank list | head`: the reader left. Say nothing (stdout goes to /dev/null so the
+    interpreter's final flush cannot fail either) and exit 1, like other Unix tools."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 1
+
+
+def _report(args, kind: str, e: BaseException) -> None:
+    if args.verbose:
+        logging.getLogger(__name__).exception("%s", kind)
+    print(f"pml-rank: {kind}: {e}", file=sys.stderr)
 
 
 class _BadConfig(Exception):
@@ -147,26 +288,47 @@ def _load(fn, *args, **kwargs):
         raise _BadConfig(str(e)) from e
 
 
+def _data_root_sets(args) -> list[str]:
+    """``--data-root`` (else ``$PML_RANK_DATA``) as a ``data_root=...`` override."""
+    flag = getattr(args, "data_root", None)
+    if flag is not None and not Path(flag).expanduser().is_dir():
+        raise _BadConfig(f"--data-root {flag}: not a folder")
+    return data_root_override(flag)
+
+
+def _config_paths(names: list[str]) -> list[Path]:
+    return [_load(resolve_config, n) for n in names]
+
+
 def _run(args) -> int:
+    if hasattr(args, "overrides"):
+        args.overrides = _data_root_sets(args) + list(args.overrides)
     if args.command == "train":
         methods = [args.method] if args.method else None
-        configs = _load(compare.collect_methods, [args.config], args.overrides, methods)
-        out = Path(args.out or Path("runs") / Path(args.config).stem)
+        (path,) = _config_paths([args.config])
+        configs = _load(compare.collect_methods, [path], args.overrides, methods)
+        out = Path(args.out or Path("runs") / path.stem)
         for name, cfg in configs.items():
             run_dir = out if len(configs) == 1 else out / slug(name)
-            metrics = runner.train(cfg, run_dir, resume=args.resume, device=args.device)
+            metrics = runner.train(
+                cfg, run_dir, resume=args.resume, device=args.device, overwrite=args.overwrite
+            )
             if distributed.is_main_process():  # torchrun: one report, from rank 0
                 print(json.dumps({"run_dir": str(run_dir), "test": metrics.get("test")}, indent=2))
     elif args.command == "eval":
-        print(json.dumps(runner.evaluate(args.run_dir, args.which, args.device), indent=2))
+        root = _data_root_sets(args)
+        data_root = json.loads(root[0].partition("=")[2]) if args.data_root and root else None
+        out = runner.evaluate(args.run_dir, args.which, args.device, data_root=data_root)
+        print(json.dumps(out, indent=2))
     elif args.command == "compare":
         methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
-        configs = _load(compare.collect_methods, args.configs, args.overrides, methods)
+        paths = _config_paths(args.configs)
+        configs = _load(compare.collect_methods, paths, args.overrides, methods)
         if args.reference is not None and args.reference not in configs:
             raise _BadConfig(f"--reference {args.reference!r}: not one of {list(configs)}")
         _load(compare.check_configs, configs)  # fail fast, before the first run
         summary = compare.run_comparison(
-            args.configs,
+            paths,
             args.out,
             seeds=args.seeds,
             overrides=args.overrides,
@@ -175,17 +337,17 @@ def _run(args) -> int:
             device=args.device,
             reference=args.reference,
             jobs=args.jobs,
+            **_overwrite_kwarg(args),
         )
         if distributed.is_main_process():  # torchrun: one report, from rank 0
             print(compare.markdown_table(summary))
             print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
         return _report_failures(summary)
     elif args.command == "sweep":
-        _load(
-            sweep.prepare_sweep, args.config, args.method, args.grid, args.overrides, args.reference
-        )
+        (path,) = _config_paths([args.config])
+        _load(sweep.prepare_sweep, path, args.method, args.grid, args.overrides, args.reference)
         summary = sweep.run_sweep(
-            args.config,
+            path,
             args.method,
             args.grid,
             args.out,
@@ -199,11 +361,30 @@ def _run(args) -> int:
         print(compare.markdown_table(summary, "cell"))
         print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
         return _report_failures(summary)
+    elif args.command == "check":
+        methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
+        for line in _load(check.check_configs, args.configs, args.overrides, methods, args.device):
+            print(line)
     elif args.command == "list":
-        for name, target in sorted(registry.all_names().items()):
-            if args.substring.lower() in name.lower():
-                print(f"{name:40s} {target}")
+        _list(args.substring)
     return 0
+
+
+def _overwrite_kwarg(args) -> dict:
+    """``overwrite=`` for ``run_comparison`` once it takes it (compare.py decides its meaning)."""
+    import inspect
+
+    if "overwrite" in inspect.signature(compare.run_comparison).parameters:
+        return {"overwrite": args.overwrite}
+    return {}  # this run_comparison replaces unfinished run folders itself
+
+
+def _list(substring: str) -> None:
+    """One line per name: what to write in a config, and the class it resolves to."""
+    needle = substring.lower()
+    for name, target in registry.listing():
+        if needle in name.lower() or needle in target.lower():
+            print(f"{name:40s} {target}")
 
 
 def _report_failures(summary: dict) -> int:

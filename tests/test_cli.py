@@ -1,15 +1,18 @@
-"""``pml-rank`` end to end on the registered stand-ins: compare, train, eval, list."""
+"""``pml-rank`` end to end on a tiny registered dataset/model: compare, train, eval, list."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import subprocess
+import sys
 
 import pytest
 
-from pml_rank_plugins.cli import main
+from pml_rank_plugins.cli import _parser, main
 from pml_rank_plugins.config.schema import dump_yaml
-from tests.config.standins import tiny_config
+from tests.config.tiny import tiny_config
 
 
 @pytest.fixture
@@ -113,3 +116,59 @@ def test_config_mistakes_exit_2_with_a_clear_message(tmp_path, config_file, caps
     assert "NotInstalledLoss" in capsys.readouterr().err
     args = ["compare", str(broken), "--out", str(tmp_path / "sub"), "--methods", "PML Contrastive"]
     assert main(args + ["--set", "trainer.num_epochs=1"]) == 0
+
+
+def test_list_shows_the_plugins_classes_with_the_name_to_use(capsys):
+    assert main(["list", "FastAP"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert names == ["FastAPLoss", "pml_rank_plugins.FastAPLoss"]
+    assert lines[1].split()[1] == "pml_rank_plugins.losses.fastap.FastAPLoss"
+
+
+def _cli(*args, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "pml_rank_plugins", *args], capture_output=True, text=True, **kwargs
+    )
+
+
+def test_python_dash_m_and_a_closed_pipe():
+    done = _cli("list", "TripletMargin")
+    assert done.returncode == 0 and "TripletMarginLoss" in done.stdout
+    # `pml-rank list | head`: the reader goes away; no BrokenPipeError traceback.
+    p = subprocess.Popen(
+        [sys.executable, "-m", "pml_rank_plugins", "list"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.wait()
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert p.returncode in (0, 1)
+
+
+def test_every_argument_has_help_with_an_example():
+    parser = _parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for choice in subparsers._choices_actions:
+        assert "e.g." in choice.help, choice.dest
+    for name, sub in subparsers.choices.items():
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, (name, action.dest)
+            if action.nargs != 0:  # takes a value: show one
+                assert "e.g." in action.help, (name, action.dest)
+
+
+def test_shipped_config_by_name(tmp_path, monkeypatch, capsys):
+    """`pml-rank train default ...` from a folder without configs/; an unknown name lists them."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "nope", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "nope: no such file and no shipped config" in err and "default, omniglot" in err
+    # `default` resolves and validates (a method name that does not exist shows it got there).
+    assert main(["train", "default", "--method", "Nope"]) == 2
+    assert "unknown ['Nope']" in capsys.readouterr().err

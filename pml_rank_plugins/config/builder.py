@@ -25,6 +25,7 @@ from . import registry
 from .evaluation import DEFAULT_METRICS, make_accuracy_calculator, make_tester
 from .schema import ConfigError, is_object_spec, spec_name_and_kwargs
 from .splits import labeled_subset, query_gallery_split
+from .transforms import collate_for
 
 LOGGER = logging.getLogger(__name__)
 SCHEDULER_SUFFIXES = ("_scheduler_by_iteration", "_scheduler_by_epoch", "_scheduler_by_plateau")
@@ -57,10 +58,33 @@ def build_object(spec: Any, where: str, **injected) -> Any:
             if accepted is None and k not in _named_params(obj):
                 continue
             kwargs[k] = v
+    return call_named(where, name, obj, **kwargs)
+
+
+def call_named(where: str, name: str, fn, *args, **kwargs) -> Any:
+    """``fn(*args, **kwargs)``; an exception is re-raised with ``where: name:`` in front, so every
+    error while building an object names its config key (``optimizers.trunk_optimizer: Adam:
+    ...``). The type is kept where it takes a message (so callers can still catch it), else
+    :class:`ConfigError`; a ``TypeError`` also shows the signature."""
     try:
-        return obj(**kwargs)
-    except TypeError as e:
-        raise TypeError(f"{where}: {name}: {e}; signature: {registry.signature_text(obj)}") from e
+        return fn(*args, **kwargs)
+    except Exception as e:
+        prefix = f"{where}: {name}: "
+        if str(e).startswith(prefix):
+            raise
+        if isinstance(e, TypeError):
+            msg = f"{prefix}{e}; signature: {registry.signature_text(fn)}"
+            raise TypeError(msg) from e
+        raise _renamed(e, prefix) from e
+
+
+def _renamed(e: Exception, prefix: str) -> Exception:
+    if type(e) in (Exception, RuntimeError, KeyError, AssertionError):
+        return ConfigError(f"{prefix}{type(e).__name__}: {e}")
+    try:
+        return type(e)(f"{prefix}{e}")
+    except Exception:  # an exception class whose constructor wants more than a message
+        return ConfigError(f"{prefix}{type(e).__name__}: {e}")
 
 
 def _named_params(obj) -> set[str]:
@@ -82,25 +106,60 @@ def seed_everything(seed: int) -> None:
 
 
 def build_splits(config: dict, seed: int) -> dict[str, torch.utils.data.Dataset]:
-    """Dataset -> ``{split name: dataset}`` following ``split:``.
+    """Datasets -> ``{split name: dataset}``.
 
-    ``split: {<split function>: {...}, names: [train, val, test], query_gallery: {test: [query,
-    gallery], fraction: 0.5}}``. Without ``split`` the whole dataset is ``train``.
+    Either one ``dataset`` cut by ``split:`` (``split: {<split function>: {...}, names: [train,
+    val, test], query_gallery: {test: [query, gallery], fraction: 0.5}}``; without ``split`` the
+    whole dataset is ``train``), or ``datasets: {split name: dataset spec}`` taking each split
+    from a reader's published split (``CUB200(split=test)``, In-Shop ``query``/``gallery``, ...).
+    ``split: {mlrc_protocol: {...}, fold: k}`` gives fold k of the MLRC protocol (see
+    :mod:`.protocols`). ``transforms.train`` feeds the ``train`` split, ``transforms.eval`` the
+    others; relative dataset paths are resolved against ``data_root``.
     """
-    dataset = build_object(config["dataset"], "dataset")
-    if not hasattr(dataset, "labels"):
-        raise ConfigError("dataset: the dataset must expose .labels, the (N, 2) label array")
+    from . import protocols
+    from .transforms import build_transforms
+
+    transforms = build_transforms(config) or {}
+    if "datasets" in config and "dataset" in config:
+        raise ConfigError("give either 'dataset' (with 'split') or 'datasets', not both")
     split = dict(config.get("split") or {})
+    if protocols.is_mlrc(config):
+        return protocols.mlrc_fold_splits(config, transforms)
+    if "datasets" in config:
+        if split:
+            raise ConfigError(
+                "split: with 'datasets' every split is given already; 'split' only takes "
+                "{mlrc_protocol: {...}} there (folds over datasets.trainval)"
+            )
+        specs = config["datasets"]
+        if not isinstance(specs, dict) or not specs:
+            raise ConfigError("datasets: expected {split name: {DatasetClass: {kwargs}}}")
+        return {
+            name: build_dataset(config, spec, f"datasets.{name}", transforms.get(_kind(name)))
+            for name, spec in specs.items()
+        }
+    dataset = build_dataset(config, config["dataset"], "dataset", transforms.get("eval"))
+    train_dataset = dataset
+    if transforms:
+        train_dataset = build_dataset(config, config["dataset"], "dataset", transforms["train"])
+        if not np.array_equal(np.asarray(train_dataset.labels), np.asarray(dataset.labels)):
+            raise ConfigError("dataset: two builds gave different labels (must be deterministic)")
     names = list(split.pop("names", ["train", "test"]))
     qg = dict(split.pop("query_gallery", None) or {})
+    split.pop("fold", None)
     if not split:
-        return {"train": dataset}
+        return {"train": train_dataset}
     fn_name, fn_kwargs = spec_name_and_kwargs(split, "split")
     fn = registry.resolve(fn_name)
-    parts = fn(np.asarray(dataset.labels), **instantiate(fn_kwargs, "split"))
-    if len(parts) != len(names):
-        raise ConfigError(f"split: {fn_name} returned {len(parts)} parts for names {names}")
-    out = {n: labeled_subset(dataset, idx) for n, idx in zip(names, parts, strict=True)}
+    parts = call_named(
+        "split", fn_name, fn, np.asarray(dataset.labels), **instantiate(fn_kwargs, "split")
+    )
+    protocols.check_split_parts(fn_name, parts, names)
+
+    def subset(name, idx):
+        return labeled_subset(train_dataset if name == "train" else dataset, idx)
+
+    out = {n: subset(n, idx) for n, idx in zip(names, parts, strict=True)}
     fraction = float(qg.pop("fraction", 0.5))
     qg_seed = int(qg.pop("seed", 0))
     for source, (qname, gname) in qg.items():
@@ -109,9 +168,31 @@ def build_splits(config: dict, seed: int) -> dict[str, torch.utils.data.Dataset]
         base = out.pop(source)
         base_idx = np.asarray(base.indices)
         q, g = query_gallery_split(base.labels, fraction, qg_seed)
-        out[qname] = labeled_subset(dataset, base_idx[q])
-        out[gname] = labeled_subset(dataset, base_idx[g])
+        out[qname] = subset(qname, base_idx[q])
+        out[gname] = subset(gname, base_idx[g])
     return out
+
+
+def _kind(split_name: str) -> str:
+    return "train" if split_name == "train" else "eval"
+
+
+def build_dataset(config: dict, spec: Any, where: str, transform=None):
+    """One dataset from its spec: paths resolved against ``data_root`` (missing folder: a
+    :class:`ConfigError` naming the key and the published archive), ``transform`` injected."""
+    from .data_root import resolve_dataset_spec
+
+    spec = resolve_dataset_spec(spec, where, config.get("data_root"))
+    name, kwargs = spec_name_and_kwargs(spec, where)
+    if transform is not None and kwargs.get("transform") is not None:
+        raise ConfigError(
+            f"{where}.{name}.transform: set either this or the top-level 'transforms', not both"
+        )
+    injected = {"transform": transform} if transform is not None else {}
+    dataset = build_object(spec, where, **injected)
+    if not hasattr(dataset, "labels"):
+        raise ConfigError(f"{where}: the dataset must expose .labels, the (N, 2) label array")
+    return dataset
 
 
 def build_sampler(config: dict, train_set, batch_size: int, seed: int):
@@ -130,7 +211,13 @@ def build_sampler(config: dict, train_set, batch_size: int, seed: int):
 
 
 def build_models(config: dict, device: torch.device) -> dict[str, torch.nn.Module]:
-    models = {k: build_object(v, f"models.{k}") for k, v in config["models"].items()}
+    from .data_root import resolve_weights
+
+    root = config.get("data_root")
+    models = {
+        k: build_object(resolve_weights(v, root), f"models.{k}")
+        for k, v in config["models"].items()
+    }
     if "embedder" not in models:
         models["embedder"] = torch.nn.Identity()
     return {k: m.to(device) for k, m in models.items()}
@@ -169,7 +256,7 @@ def build_optimizers(config: dict, models: dict, losses: dict) -> dict:
         cls = registry.resolve(name)
         kwargs = instantiate(kwargs, f"optimizers.{key}.{name}")
         registry.check_keywords(cls, {"params": None, **kwargs}, f"optimizers.{key}")
-        out[key] = cls(params, **kwargs)
+        out[key] = call_named(f"optimizers.{key}", name, cls, params, **kwargs)
     return out
 
 
@@ -188,7 +275,7 @@ def build_lr_schedulers(config: dict, optimizers: dict) -> dict:
         name, kwargs = spec_name_and_kwargs(spec, f"lr_schedulers.{key}")
         cls = registry.resolve(name)
         kwargs = instantiate(kwargs, f"lr_schedulers.{key}.{name}")
-        out[key] = cls(optimizers[opt_key], **kwargs)
+        out[key] = call_named(f"lr_schedulers.{key}", name, cls, optimizers[opt_key], **kwargs)
     return out
 
 
@@ -300,6 +387,8 @@ def build_experiment(config: dict, device: torch.device | str | None = None) -> 
     registry.check_keywords(trainer_cls, tkwargs, "trainer")
     if "batch_size" not in tkwargs:
         raise ConfigError("trainer: batch_size is required")
+    if "collate_fn" in _named_params(trainer_cls):  # unequal image sizes: name the transform key
+        tkwargs.setdefault("collate_fn", collate_for(datasets["train"], "train split"))
     seed_everything(seed)  # model init must not depend on how much randomness the data used
     models = build_models(config, device)
     losses, miners = build_losses_and_miners(config, device)

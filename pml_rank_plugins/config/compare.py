@@ -65,6 +65,9 @@ def slug(name: str) -> str:
 
 
 def metric_label(metric: str) -> str:
+    if " " in metric:  # a further test entry's metric (see _test_metrics)
+        entry, base = metric.rsplit(" ", 1)
+        return f"{entry} {metric_label(base)}"
     if metric.startswith("recall_at_"):
         return "R@" + metric[len("recall_at_") :]
     return METRIC_LABELS.get(metric, metric)
@@ -349,11 +352,20 @@ def is_failed(m: dict) -> bool:
 
 
 def _test_metrics(m: dict) -> dict:
+    """The first test entry's metrics as they are, every further entry's prefixed by its name
+    (``"separated precision_at_1"`` for the MLRC protocol, whose first entry is
+    ``concatenated``; ``"test1600 recall_at_1"`` for VehicleID's three test sets)."""
     test = m.get("test") or {}
-    return next(iter(test.values())) if test else {}
+    out: dict = {}
+    for i, (entry, metrics) in enumerate(test.items()):
+        out.update({(k if i == 0 else f"{entry} {k}"): v for k, v in metrics.items()})
+    return out
 
 
 def _metric_order(k: str):
+    if " " in k:  # further test entries after the first entry's metrics, same order inside
+        entry, base = k.rsplit(" ", 1)
+        return (3, entry, _metric_order(base))
     fixed = list(METRIC_LABELS)
     if k in fixed:
         return (0, fixed.index(k), 0)
@@ -680,7 +692,7 @@ def write_plots(results: dict, out_dir: Path, summary: dict | None = None) -> li
                 int(k[len("recall_at_") :])
                 for r in runs
                 for k in _test_metrics(r)
-                if "recall_at_" in k
+                if k.startswith("recall_at_")
             }
         )
         if not ks:

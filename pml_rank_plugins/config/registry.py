@@ -146,6 +146,22 @@ def all_names() -> dict[str, str]:
     return out
 
 
+def listing() -> list[tuple[str, str]]:
+    """``(name to write in a config, what it resolves to)`` for every resolvable class.
+
+    Unlike :func:`all_names`, a plugin class whose bare name is taken by PML (``FastAPLoss``,
+    ``RankedListLoss``, ``CrossBatchMemory``) is listed too, under ``pml_rank_plugins.Name``.
+    Sorted by bare name, PML's entry before ours.
+    """
+    bare = all_names()
+    rows = list(bare.items())
+    for n, obj in plugin_names().items():
+        target = f"{getattr(obj, '__module__', '?')}.{n}"
+        if bare.get(n) != target:
+            rows.append((f"{PLUGIN_PREFIXES[1]}{n}", target))
+    return sorted(rows, key=lambda r: (r[0].rpartition(".")[2].lower(), "." in r[0]))
+
+
 def register(name: str, obj: Callable, override: bool = False) -> Callable:
     """Make ``obj`` (a class or factory) resolvable as ``name`` in configs; returns ``obj``.
 
@@ -214,6 +230,22 @@ def resolve(name: str) -> Callable:
         if name in table:
             return table[name]
     raise _unknown(name, sorted(all_names()), "not registered, not in PML, plugin or torch")
+
+
+def plugin_twin(obj: Any) -> str | None:
+    """``pml_rank_plugins.Name`` when ``obj`` is PML's ``Name`` and the plugin has its own
+    ``Name`` (e.g. ``CrossBatchMemory``, which accepts our losses where PML's refuses them)."""
+    if not getattr(obj, "__module__", "").startswith("pytorch_metric_learning"):
+        return None
+    name = getattr(obj, "__name__", None)
+    twin = plugin_names().get(name) if name else None
+    if twin is None or twin is obj:
+        return None
+    return f"{PLUGIN_PREFIXES[1]}{name}"
+
+
+def is_plugin_object(obj: Any) -> bool:
+    return getattr(obj, "__module__", "").startswith("pml_rank_plugins")
 
 
 def qualified_name(obj: Any) -> str:

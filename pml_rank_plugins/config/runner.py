@@ -17,12 +17,12 @@ interrupted after epoch e and resumed reaches bit-identical weights to an uninte
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import os
 import random
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -32,8 +32,9 @@ import numpy as np
 import torch
 from pytorch_metric_learning.utils import logging_presets
 
-from . import builder, distributed
-from .schema import dump_yaml, load_yaml, validate
+from . import builder, distributed, faults, protocols, run_folder
+from .schema import MISSING, ConfigError, config_diff, dump_yaml, load_yaml, validate
+from .transforms import collate_for
 
 LOGGER = logging.getLogger(__name__)
 LOG_FREQ = 10
@@ -148,7 +149,9 @@ def restore_checkpoint(exp: builder.Experiment, ckpt: dict) -> None:
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """Read a checkpoint to CPU; :class:`run_folder.CheckpointError` (naming the file and what to
+    do) when it is missing, truncated, empty or not a checkpoint."""
+    return run_folder.load_checkpoint(path)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -171,8 +174,14 @@ def run_eval(tester, exp: builder.Experiment, entries: list, epoch: int) -> dict
         return {}
     names = {q for q, _ in s2e} | {r for _, refs in s2e for r in refs}
     datasets = {n: exp.datasets[n] for n in names}
+    collate = collate_for(datasets[s2e[0][0]], "evaluation")  # unequal sizes: name the key
     all_acc = tester.test(
-        datasets, epoch, exp.models["trunk"], exp.models["embedder"], splits_to_eval=s2e
+        datasets,
+        epoch,
+        exp.models["trunk"],
+        exp.models["embedder"],
+        splits_to_eval=s2e,
+        collate_fn=collate,
     )
     return {split: strip_level(acc) for split, acc in all_acc.items()}
 
@@ -201,6 +210,64 @@ def make_logging(run_dir: Path, primary_metric: str, val_split: str | None, resu
 
 # --------------------------------------------------------------------------- train
 
+# Config keys that may change when resuming: they extend or shorten the budget, nothing else.
+BUDGET_KEYS = ("trainer.*.num_epochs", "eval.patience", "eval.test_interval")
+
+
+def check_resume_config(saved: dict, config: dict, saved_path: Path) -> None:
+    """Raise ``ConfigError`` listing every changed key except :data:`BUDGET_KEYS`."""
+    changed = [d for d in config_diff(saved, config) if not _is_budget_key(d[0])]
+    if changed:
+        shown = "; ".join(f"{path}: {_show(old)} -> {_show(new)}" for path, old, new in changed)
+        raise ConfigError(
+            f"--resume: config differs from {saved_path} in {shown}. Only the budget "
+            f"({', '.join(BUDGET_KEYS)}) may change on resume; train the changed config into "
+            "another --out (or pass --overwrite without --resume to start again)"
+        )
+
+
+def _is_budget_key(path: str) -> bool:
+    parts = path.split(".")
+    return any(
+        len(parts) == len(pat.split("."))
+        and all(p == q or q == "*" for p, q in zip(parts, pat.split(".")))
+        for pat in BUDGET_KEYS
+    )
+
+
+def _show(value: Any) -> str:
+    return "<absent>" if value is MISSING else repr(value)
+
+
+def _plateaued(patience: int | None, best: dict, epoch: int) -> bool:
+    return patience is not None and best["epoch"] is not None and epoch - best["epoch"] > patience
+
+
+def _load_config(config: dict | None, run_dir: Path) -> dict:
+    saved_cfg = run_dir / "config.yaml"
+    if config is None:
+        if not saved_cfg.exists():
+            raise run_folder.RunFolderError(f"{saved_cfg} not found: give a config")
+        config = load_yaml(saved_cfg)
+    config = plain(config)
+    validate(config)
+    return config
+
+
+def _prepare(config: dict, run_dir: Path, resume: bool, overwrite: bool) -> bool:
+    """Make the (locked) folder ready and save the config; returns whether the run resumes."""
+    saved_cfg = run_dir / "config.yaml"
+    resuming = resume and (run_dir / "checkpoints" / "latest.pt").exists()
+    if resume and not resuming:
+        LOGGER.warning("--resume: no checkpoint in %s; starting from scratch", run_dir)
+    # A fresh run must not append to an older run's logs; --resume without a checkpoint has
+    # nothing to keep.
+    run_folder.prepare(run_dir, resume=resuming, overwrite=overwrite or resume)
+    if resuming and saved_cfg.exists():
+        check_resume_config(load_yaml(saved_cfg), config, saved_cfg)
+    dump_yaml(config, saved_cfg)
+    return resuming
+
 
 def train(
     config: dict | None,
@@ -208,44 +275,47 @@ def train(
     resume: bool = False,
     stop_after_epoch: int | None = None,
     device: str | None = None,
+    overwrite: bool = False,
 ) -> dict:
     """Train one experiment into ``run_dir`` and return the ``metrics.json`` content.
 
     ``resume=True`` continues from ``checkpoints/latest.pt`` (``config`` may be ``None`` to reuse
-    ``run_dir/config.yaml``). ``stop_after_epoch`` stops early as if interrupted (for tests and
-    budgeted runs); the run can then be resumed.
+    ``run_dir/config.yaml``; only :data:`BUDGET_KEYS` may differ from it, e.g. more epochs to
+    extend a finished run). Without ``resume``, a folder that already holds a run is refused
+    unless ``overwrite``. The folder is locked for the whole call (:func:`run_folder.lock`; under
+    torchrun by rank 0, which alone writes files and evaluates). ``stop_after_epoch`` stops
+    early as if interrupted (for tests and budgeted runs); the run can then be resumed. A
+    non-finite loss or gradient raises :class:`faults.NonFiniteError`; any failure during
+    training is recorded in ``metrics.json`` (``"status": "failed"``).
     """
     run_dir = Path(run_dir)
-    saved_cfg = run_dir / "config.yaml"
-    ckpt_path = run_dir / "checkpoints" / "latest.pt"
-    if config is None:
-        if not saved_cfg.exists():
-            raise FileNotFoundError(f"{saved_cfg} not found: give a config")
-        config = load_yaml(saved_cfg)
-    config = plain(config)
-    validate(config)
+    config = _load_config(config, run_dir)
+    if protocols.is_mlrc(config) and protocols.mlrc_fold(config) is None:  # one run per fold
+        return protocols.train_mlrc(config, run_dir, resume, stop_after_epoch, device)
     # torchrun: one process per device; only rank 0 writes files and evaluates
     ctx = distributed.setup(device or config.get("device"))
-    main = ctx.is_main
-    resuming = distributed.broadcast_object(resume and ckpt_path.exists())
-    if resume and not resuming and main:
-        LOGGER.warning("--resume: no checkpoint in %s; starting from scratch", run_dir)
-    if not resuming and main:  # a fresh run must not append to an older run's logs
-        for stale in ("logs", "tensorboard", "checkpoints"):
-            shutil.rmtree(run_dir / stale, ignore_errors=True)
-        for stale in ("metrics.json", "eval.json"):
-            (run_dir / stale).unlink(missing_ok=True)
-    if resuming and saved_cfg.exists() and load_yaml(saved_cfg) != config:
-        raise ValueError(f"--resume: config differs from {saved_cfg}; resume with the same config")
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        dump_yaml(config, saved_cfg)
-    distributed.barrier()
+    with contextlib.ExitStack() as stack:
+        outcome: bool | Exception | None = None
+        if ctx.is_main:
+            try:
+                stack.enter_context(run_folder.lock(run_dir))
+                outcome = _prepare(config, run_dir, resume, overwrite)
+            except Exception as e:  # every rank must raise it, not wait for rank 0
+                outcome = e
+        outcome = distributed.broadcast_object(outcome)
+        if isinstance(outcome, Exception):
+            raise outcome
+        distributed.barrier()
+        return _train(config, run_dir, bool(outcome), stop_after_epoch, ctx)
 
+
+def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx) -> dict:
     t0 = time.perf_counter()
+    main = ctx.is_main
+    ckpt_path = run_dir / "checkpoints" / "latest.pt"
     exp = builder.build_experiment(config, ctx.device)
     ev = builder.eval_settings(config)
-    val_entries, test_entries = list(ev["validation"] or []), list(ev["test"] or [])
+    val_entries = list(ev["validation"] or [])
     val_entries = [e for e in val_entries if _split_name(e) in exp.datasets]
     primary = ev["primary_metric"]
     val_split = _split_name(val_entries[0]) if val_entries else None
@@ -257,72 +327,105 @@ def train(
         ckpt = distributed.broadcast_object(load_checkpoint(ckpt_path) if main else None)
         restore_checkpoint(exp, ckpt)
         history, best = ckpt["history"], ckpt["best"]
-        stopped_early = bool(ckpt.get("stopped_early", False))
+        # Re-judged with the (possibly changed) patience, so a longer patience continues it.
+        stopped_early = _plateaued(ev["patience"], best, ckpt["epoch"])
         start_epoch = exp.num_epochs + 1 if stopped_early else ckpt["epoch"] + 1
         LOGGER.info("resuming %s at epoch %d", run_dir, start_epoch)
 
-    record_keeper = tb_writer = tester = None
+    record_keeper = tb_writer = tester = hooks = None
     if main:
         record_keeper, tb_writer, hooks = make_logging(run_dir, primary, val_split, resuming)
         tester = builder.build_tester(config, exp.device, hooks.end_of_testing_hook)
-    trainer = builder.make_trainer(
-        exp, end_of_iteration_hook=hooks.end_of_iteration_hook if main else None
-    )
+    check = faults.NonFiniteCheck(chained=hooks.end_of_iteration_hook if main else None)
+    trainer = builder.make_trainer(exp, end_of_iteration_hook=check)
 
-    for epoch in range(start_epoch, exp.num_epochs + 1):
-        if hasattr(exp.sampler, "set_epoch"):
-            exp.sampler.set_epoch(epoch)
-        trainer.train(start_epoch=epoch, num_epochs=epoch)
-        row: dict[str, Any] = {"epoch": epoch}
-        if val_entries and (epoch % int(ev["test_interval"]) == 0 or epoch == exp.num_epochs):
-            row["validation"] = distributed.broadcast_object(
-                run_eval(tester, exp, val_entries, epoch) if main else None
-            )
-            distributed.sync_rng_state(rng_state, set_rng_state)
-            value = row["validation"][val_split].get(primary)
-            trainer.step_lr_plateau_schedulers(value)
-            if value is not None and (best["value"] is None or value > best["value"]):
-                best = {"epoch": epoch, "value": value}
-                if main:
-                    atomic_torch_save(
-                        {"epoch": epoch, "models": _state_dicts(exp.models)},
-                        run_dir / "checkpoints" / "best.pt",
-                    )
-        history.append(row)
+    epoch = start_epoch
+    try:
+        for epoch in range(start_epoch, exp.num_epochs + 1):
+            t_epoch = time.perf_counter()
+            if hasattr(exp.sampler, "set_epoch"):
+                exp.sampler.set_epoch(epoch)
+            check.start_epoch()
+            trainer.train(start_epoch=epoch, num_epochs=epoch)
+            row: dict[str, Any] = {"epoch": epoch, "train_loss": check.mean_loss()}
+            if val_entries and (epoch % int(ev["test_interval"]) == 0 or epoch == exp.num_epochs):
+                row["validation"] = distributed.broadcast_object(
+                    run_eval(tester, exp, val_entries, epoch) if main else None
+                )
+                distributed.sync_rng_state(rng_state, set_rng_state)
+                value = row["validation"][val_split].get(primary)
+                trainer.step_lr_plateau_schedulers(value)
+                if value is not None and (best["value"] is None or value > best["value"]):
+                    best = {"epoch": epoch, "value": value}
+                    if main:
+                        atomic_torch_save(
+                            {"epoch": epoch, "models": _state_dicts(exp.models)},
+                            run_dir / "checkpoints" / "best.pt",
+                        )
+            history.append(row)
+            if record_keeper is not None:
+                record_keeper.save_records()
+            if _plateaued(ev["patience"], best, epoch):
+                LOGGER.info(
+                    "validation %s plateaued for %s epochs; stopping", primary, ev["patience"]
+                )
+                stopped_early = True
+            if main:
+                ckpt = make_checkpoint(exp, epoch, history, best)
+                ckpt["stopped_early"] = stopped_early
+                atomic_torch_save(ckpt, ckpt_path)
+                LOGGER.info(epoch_line(row, exp.num_epochs, val_split, primary, best, t_epoch))
+            if stopped_early:
+                break
+            if stop_after_epoch is not None and stop_after_epoch <= epoch < exp.num_epochs:
+                distributed.barrier()
+                return {"interrupted_after_epoch": epoch, "history": history, "best": best}
+        return _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx)
+    except Exception as e:
+        if main:
+            _record_failure(config, run_dir, exp, history, best, e, epoch)
+        raise
+    finally:
         if record_keeper is not None:
             record_keeper.save_records()
-        patience = ev["patience"]
-        if patience is not None and best["epoch"] is not None and epoch - best["epoch"] > patience:
-            LOGGER.info("validation %s plateaued for %d epochs; stopping", primary, patience)
-            stopped_early = True
-        if main:
-            ckpt = make_checkpoint(exp, epoch, history, best)
-            ckpt["stopped_early"] = stopped_early
-            atomic_torch_save(ckpt, ckpt_path)
-        if stopped_early:
-            break
-        if stop_after_epoch is not None and epoch >= stop_after_epoch and epoch < exp.num_epochs:
-            if tb_writer is not None:
-                tb_writer.close()
-            distributed.barrier()
-            return {"interrupted_after_epoch": epoch, "history": history, "best": best}
+        if tb_writer is not None:
+            tb_writer.close()
 
-    # Final test: the best validation epoch's weights (the last epoch's without validation).
+
+def epoch_line(row: dict, num_epochs: int, val_split, primary: str, best: dict, t0: float) -> str:
+    """``epoch 3/6  loss 0.4213  val MAP 0.5534 (best 0.5534 @ 3)  12.3 s`` (one per epoch)."""
+    parts = [f"epoch {row['epoch']}/{num_epochs}"]
+    if row.get("train_loss") is not None:
+        parts.append(f"loss {row['train_loss']:.4f}")
+    value = (row.get("validation") or {}).get(val_split, {}).get(primary)
+    if value is not None:
+        parts.append(
+            f"{val_split} {primary} {value:.4f} (best {best['value']:.4f} @ {best['epoch']})"
+        )
+    parts.append(f"{time.perf_counter() - t0:.1f} s")
+    return "  ".join(parts)
+
+
+def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx) -> dict:
+    """Final test with the best validation epoch's weights (the last epoch's without validation)."""
+    main = ctx.is_main
+    ev = builder.eval_settings(config)
+    val_entries = [e for e in list(ev["validation"] or []) if _split_name(e) in exp.datasets]
+    test_entries = list(ev["test"] or [])
     if best["epoch"] is not None and main:
         _load_state_dicts(
             exp.models, load_checkpoint(run_dir / "checkpoints" / "best.pt")["models"]
         )
     final_epoch = best["epoch"] if best["epoch"] is not None else history[-1]["epoch"]
     test = run_eval(tester, exp, test_entries, final_epoch) if test_entries and main else {}
+    if main:  # eval.revisited test sets (Revisited Oxford / Paris)
+        test = {**test, **protocols.revisited_eval(config, exp.models, tester)}
     test = distributed.broadcast_object(test)
     if not test and val_entries and best["epoch"] is not None:
         test = next(h["validation"] for h in history if h["epoch"] == best["epoch"])
-    if record_keeper is not None:
-        record_keeper.save_records()
-    if tb_writer is not None:
-        tb_writer.close()
     metrics = {
         "name": config.get("name", run_dir.name),
+        "status": "finished",
         "seed": exp.seed,
         "epochs_run": history[-1]["epoch"] if history else 0,
         "stopped_early": stopped_early,
@@ -338,18 +441,50 @@ def train(
     return metrics
 
 
-def evaluate(run_dir: str | Path, which: str = "best", device: str | None = None) -> dict:
+def _record_failure(config, run_dir: Path, exp, history, best, error: Exception, epoch: int):
+    """``metrics.json`` with ``"status": "failed"`` and the error (the last good checkpoint stays)."""
+    metrics = {
+        "name": config.get("name", run_dir.name),
+        "status": "failed",
+        "error": f"{type(error).__name__}: {error}",
+        "failed_in_epoch": epoch,
+        "seed": exp.seed,
+        "epochs_run": history[-1]["epoch"] if history else 0,
+        "best": best,
+        "history": history,
+        "test": {},
+    }
+    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    LOGGER.error("%s: training failed in epoch %d: %s", run_dir, epoch, metrics["error"])
+
+
+def evaluate(
+    run_dir: str | Path,
+    which: str = "best",
+    device: str | None = None,
+    data_root: str | None = None,
+) -> dict:
     """Rebuild a finished/interrupted run, load ``which`` weights and evaluate every eval split.
 
-    Writes and returns ``RUN_DIR/eval.json``: ``{split: {metric: value}}``.
+    Writes and returns ``RUN_DIR/eval.json``: ``{split: {metric: value}}``. ``data_root``
+    replaces the saved config's (data moved since training).
     """
     run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise run_folder.RunFolderError(
+            f"{run_dir / 'config.yaml'} not found: {run_dir} is not a run folder (give the --out "
+            "of a `pml-rank train` run)"
+        )
     config = load_yaml(run_dir / "config.yaml")
-    exp = builder.build_experiment(config, device)
+    if data_root is not None:
+        config["data_root"] = str(data_root)
+    if protocols.is_mlrc(config) and protocols.mlrc_fold(config) is None:
+        return protocols.evaluate_mlrc(run_dir, which, device, data_root)
     path = run_dir / "checkpoints" / f"{which}.pt"
     if not path.exists():
         path = run_dir / "checkpoints" / "latest.pt"
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path)  # before building: a corrupt file fails in a second
+    exp = builder.build_experiment(config, device)
     _load_state_dicts(exp.models, ckpt["models"])
     ev = builder.eval_settings(config)
     entries = [e for e in list(ev["validation"] or []) + list(ev["test"] or [])]
@@ -357,5 +492,6 @@ def evaluate(run_dir: str | Path, which: str = "best", device: str | None = None
     tester = builder.build_tester(config, exp.device)
     out = {"checkpoint": path.name, "epoch": ckpt["epoch"]}
     out.update(run_eval(tester, exp, entries, ckpt["epoch"]))
+    out.update(protocols.revisited_eval(config, exp.models, tester))
     (run_dir / "eval.json").write_text(json.dumps(out, indent=2))
     return out

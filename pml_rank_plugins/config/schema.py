@@ -26,6 +26,9 @@ TOP_LEVEL_KEYS = {
     "name",
     "seed",
     "dataset",
+    "datasets",
+    "transforms",
+    "data_root",
     "split",
     "models",
     "loss_funcs",
@@ -48,12 +51,49 @@ EVAL_KEYS = {
     "primary_metric",
     "test_interval",
     "patience",
+    "revisited",
 }
 _CLASSLIKE = re.compile(r"^(plugin:|pml:)?[A-Za-z_][\w.]*$")
 
 
 class ConfigError(ValueError):
     """A config is malformed; the message names the offending key path."""
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that also reads ``1e-3`` / ``1E+5`` as floats (YAML 1.2 rule).
+
+    PyYAML follows YAML 1.1, where a float needs a dot, so ``lr: 1e-3`` became the *string*
+    ``"1e-3"`` and failed deep inside ``torch.optim``.
+    """
+
+
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse YAML text with :class:`ConfigLoader` (configs and ``--set`` values)."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 -- a SafeLoader subclass
+
+
+# Marks a key present on one side only in :func:`config_diff`.
+MISSING = type("Missing", (), {"__repr__": lambda self: "<absent>"})()
+
+
+def config_diff(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``[(dotted path, old value, new value)]`` for every leaf that differs (mappings are
+    compared key by key, everything else as a whole; :data:`MISSING` marks an absent key)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in list(old) + [k for k in new if k not in old]:
+            path = f"{prefix}.{k}" if prefix else str(k)
+            out += config_diff(old.get(k, MISSING), new.get(k, MISSING), path)
+        return out
+    return [] if old == new else [(prefix, old, new)]
 
 
 def is_object_spec(value: Any) -> bool:
@@ -114,7 +154,7 @@ def parse_set(assignments: Iterable[str]) -> list[tuple[list[str], Any]]:
         path = [p for p in key.strip().split(".") if p]
         if not path:
             raise ConfigError(f"--set {a!r}: empty key")
-        out.append((path, yaml.safe_load(raw)))
+        out.append((path, parse_yaml(raw)))
     return out
 
 
@@ -150,7 +190,7 @@ def apply_set(config: dict, path: list[str], value: Any) -> dict:
 
 def load_yaml(path: str | Path) -> dict:
     with open(path) as f:
-        data = yaml.safe_load(f)
+        data = parse_yaml(f.read())
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return data
@@ -224,9 +264,14 @@ def validate(config: dict) -> dict:
         raise ConfigError(
             f"unknown top-level key(s) {sorted(unknown)}; allowed: {sorted(TOP_LEVEL_KEYS)}"
         )
-    for key in ("dataset", "models", "loss_funcs", "trainer"):
+    for key in ("models", "loss_funcs", "trainer"):
         if key not in config:
             raise ConfigError(f"missing required section {key!r}")
+    if ("dataset" in config) == ("datasets" in config):
+        raise ConfigError(
+            "give exactly one of 'dataset' (one dataset, cut by 'split') or 'datasets' "
+            "({split name: dataset spec}, e.g. train: {CUB200: {split: train}})"
+        )
     if "trunk" not in (config.get("models") or {}):
         raise ConfigError("models: needs at least 'trunk'")
     if "metric_loss" not in (config.get("loss_funcs") or {}):
@@ -235,8 +280,23 @@ def validate(config: dict) -> dict:
     bad = set(ev) - EVAL_KEYS
     if bad:
         raise ConfigError(f"eval: unknown key(s) {sorted(bad)}; allowed: {sorted(EVAL_KEYS)}")
+    datasets = config.get("datasets")
+    if datasets is not None and not isinstance(datasets, dict):
+        raise ConfigError("datasets: expected {split name: {DatasetClass: {kwargs}}}")
     slots = {
-        "dataset": config["dataset"],
+        **({"dataset": config["dataset"]} if "dataset" in config else {}),
+        **{f"datasets.{k}": v for k, v in (datasets or {}).items()},
+        **{
+            f"transforms.{kind}[{i}]": item
+            for kind, items in (config.get("transforms") or {}).items()
+            if isinstance(items, list)
+            for i, item in enumerate(items)
+        },
+        **{
+            f"eval.revisited[{i}].dataset": e["dataset"]
+            for i, e in enumerate(ev.get("revisited") or [])
+            if isinstance(e, dict) and "dataset" in e
+        },
         "trainer": config["trainer"],
         **{f"models.{k}": v for k, v in config["models"].items()},
         **{f"loss_funcs.{k}": v for k, v in config["loss_funcs"].items()},
@@ -258,12 +318,29 @@ def validate(config: dict) -> dict:
         obj = registry.resolve(name)
         own = {k: v for k, v in kwargs.items() if k not in RUNNER_KWARGS.get(where, ())}
         registry.check_keywords(obj, own, where)
+        _check_plugin_twin(where, name, obj, kwargs)
         for w, n, kw in _walk_specs(kwargs, f"{where}.{name}"):
-            registry.check_keywords(registry.resolve(n), kw, w)
+            inner = registry.resolve(n)
+            registry.check_keywords(inner, kw, w)
+            _check_plugin_twin(w, n, inner, kw)
     return config
+
+
+def _check_plugin_twin(where: str, name: str, obj: Any, kwargs: dict) -> None:
+    """PML's ``CrossBatchMemory`` (and any PML class the plugin re-implements) wrapping one of
+    our classes: point to the plugin's version instead of failing deep inside PML."""
+    twin = registry.plugin_twin(obj)
+    if twin is None:
+        return
+    for w, n, _ in _walk_specs(kwargs, f"{where}.{name}"):
+        if registry.is_plugin_object(registry.resolve(n)):
+            raise ConfigError(
+                f"{where}: the bare name {name!r} is PML's class, which does not accept the "
+                f"plugin's {n} ({w}); write {twin} instead"
+            )
 
 
 # Keywords the runner consumes itself (not passed to the class).
 RUNNER_KWARGS = {"trainer": ("num_epochs", "amp")}
 # Keys of ``split:`` other than the split function spec.
-SPLIT_KEYS = ("names", "query_gallery")
+SPLIT_KEYS = ("names", "query_gallery", "fold")

@@ -2,6 +2,6 @@
 
 from .conv_embedder import ConvEmbedder
 from .embedder import EmbeddingHead
-from .resnet_embedder import ResNetEmbedder
+from .resnet_embedder import ResNetEmbedder, ResNetTrunk
 
-__all__ = ["ConvEmbedder", "ResNetEmbedder", "EmbeddingHead"]
+__all__ = ["ConvEmbedder", "ResNetEmbedder", "ResNetTrunk", "EmbeddingHead"]

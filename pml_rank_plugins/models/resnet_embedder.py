@@ -62,19 +62,58 @@ class ResNetEmbedder(TrunkEmbedder):
 
     def load_trunk_weights(self, weights_path: str | Path) -> None:
         """Load a torchvision ResNet state dict into the trunk (see class docstring)."""
-        path = Path(weights_path)
-        if not path.is_file():
-            raise FileNotFoundError(f"ResNet weights file not found: {path}")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and "state_dict" in state:
-            state = state["state_dict"]
-        if not isinstance(state, dict):
-            raise ValueError(f"{path}: expected a state dict, got {type(state).__name__}")
-        state = {
-            (k[len("module.") :] if k.startswith("module.") else k): v for k, v in state.items()
-        }
-        state = {k: v for k, v in state.items() if not k.startswith("fc.")}
-        try:
-            self.trunk.net.load_state_dict(state, strict=True)
-        except RuntimeError as err:
-            raise ValueError(f"{path}: not a ResNet state dict of this depth: {err}") from err
+        load_resnet_weights(self.trunk.net, weights_path)
+
+
+WEIGHTS_HINT = (
+    "Nothing is downloaded at run time. Save torchvision's ImageNet weights once, on a machine "
+    'with internet access: python -c "import torch, torchvision; torch.save(torchvision.models.'
+    "resnet50(weights='IMAGENET1K_V1').state_dict(), 'resnet50_imagenet1k_v1.pth')\" "
+    "(resnet18 / IMAGENET1K_V1 for depth 18), then put the file where weights_path points "
+    "(relative paths start from --data-root)."
+)
+
+
+def load_resnet_weights(net: nn.Module, weights_path: str | Path) -> None:
+    """Load a torchvision ResNet state dict (``"state_dict"`` wrapper, ``"module."`` prefix and
+    ``fc.*`` keys tolerated) into ``net`` strictly; a missing file names it and says how to
+    obtain it."""
+    path = Path(weights_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ResNet weights file not found: {path}. {WEIGHTS_HINT}")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and "state_dict" in state:
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: expected a state dict, got {type(state).__name__}")
+    state = {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if not k.startswith("fc.")}
+    try:
+        net.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise ValueError(f"{path}: not a ResNet state dict of this depth: {err}") from err
+
+
+class ResNetTrunk(nn.Module):
+    """torchvision ResNet-``depth`` (18 or 50) without its classifier, as a PML ``trunk``:
+    ``(B, C, H, W) -> (B, 512 | 2048)`` pooled features (``output_size``). Pair it with an
+    :class:`~pml_rank_plugins.models.EmbeddingHead` ``embedder`` so the two get separate
+    optimizers (e.g. the FastAP paper's 10x learning rate on the embedding layer).
+
+    ``weights_path``: a torchvision ResNet state dict file (see :class:`ResNetEmbedder`); random
+    weights if None. Never downloads.
+    """
+
+    def __init__(
+        self, depth: int = 50, weights_path: str | Path | None = None, in_channels: int = 3
+    ):
+        super().__init__()
+        if depth not in _RESNETS:
+            raise ValueError(f"depth must be one of {sorted(_RESNETS)}, got {depth}")
+        self.body = _ResNetTrunk(depth, in_channels)
+        if weights_path is not None:
+            load_resnet_weights(self.body.net, weights_path)
+        self.output_size = self.body.output_size
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.body(images)

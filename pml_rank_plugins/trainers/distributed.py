@@ -11,7 +11,7 @@ Data parallel with a **global** batch (world size ``R``, batch ``B`` = ``trainer
 3. every rank runs the miners and the loss on the global batch (any PML loss or miner, ours and
    PML's, ``CrossBatchMemory`` included) and computes the same loss value;
 4. gradient scaling: rank ``r``'s local rows receive ``dL/dE_r`` (the single-process gradient of
-   those rows); a backward hook multiplies it by ``R``, and DDP averages the parameter gradients
+   those rows); ``_ScaleGrad`` multiplies it by ``R``, and DDP averages the parameter gradients
    over ranks, giving ``(1/R) sum_r R J_r^T dL/dE_r = sum_r J_r^T dL/dE_r`` -- exactly the
    single-process gradient of the global-batch loss. Loss parameters (proxies) are not wrapped in
    DDP: every rank computes their full gradient itself.

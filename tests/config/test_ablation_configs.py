@@ -94,6 +94,7 @@ def _setting_of(name: str) -> dict:
     return {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.]+)", name)}
 
 
+@pytest.mark.slow  # decodes the Omniglot zip once (a few seconds) and builds every setting
 @pytest.mark.parametrize("claim", sorted(VARIED))
 def test_every_setting_builds_with_the_real_classes(claim):
     for name, cfg in _load(claim).items():
@@ -128,6 +129,7 @@ def _class_sizes(exp, batch) -> list[int]:
     return sorted(Counter(labels[:, 0].tolist()).values())
 
 
+@pytest.mark.slow  # decodes the Omniglot zip once (a few seconds) and builds every setting
 def test_map_q_batches_make_class_balancing_matter():
     """At batch 80 every class has 20 items (balancing is a no-op); batch 88 mixes 20 and 4."""
     cfg = _load("map_q_vs_t")["mAP_Q balanced (paper)"]
@@ -146,6 +148,7 @@ def test_map_q_batches_make_class_balancing_matter():
     torch.testing.assert_close(balanced, plain)
 
 
+@pytest.mark.slow  # decodes the Omniglot zip once (a few seconds) and builds every setting
 def test_large_batch_uses_all_five_alphabets():
     """M = 512 needs four alphabets of 128 items (two alphabets of 256 would exclude two)."""
     methods = _load("batch_size")

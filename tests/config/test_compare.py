@@ -15,7 +15,7 @@ from pytorch_metric_learning.losses import ContrastiveLoss
 from pml_rank_plugins.cli import main
 from pml_rank_plugins.config import compare, registry
 from pml_rank_plugins.config.schema import dump_yaml
-from tests.config.standins import tiny_config
+from tests.config.tiny import tiny_config
 
 
 class CrashingLoss(ContrastiveLoss):

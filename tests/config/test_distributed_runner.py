@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from pml_rank_plugins.config import builder, distributed, registry, runner
 from pml_rank_plugins.config.schema import deep_merge
-from tests.config.standins import TinyNet, tiny_config
+from tests.config.tiny import TinyNet, tiny_config
 
 
 class TinyNet64(TinyNet):
@@ -145,6 +145,7 @@ def test_rank0_writes_one_metrics_json_and_one_tensorboard_log(two_process_runs)
     assert {"torch", "pytorch_metric_learning", "pml_rank_plugins"} <= set(info)
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
     assert sorted(p.name for p in run.iterdir()) == [
+        ".lock",  # rank 0's run-folder lock (one file, whatever the world size)
         "checkpoints",
         "config.yaml",
         "logs",

@@ -130,3 +130,15 @@ def test_register_user_class_and_collisions():
     assert registry.resolve("ContrastiveLoss") is pml_losses.ContrastiveLoss
     with pytest.raises(TypeError):
         registry.register("x", 3)
+
+
+def test_listing_shows_both_classes_of_a_shared_name():
+    rows = dict(registry.listing())
+    assert rows["FastAPLoss"].startswith("pytorch_metric_learning.")
+    assert rows["pml_rank_plugins.FastAPLoss"] == "pml_rank_plugins.losses.fastap.FastAPLoss"
+    assert rows["pml_rank_plugins.CrossBatchMemory"].startswith("pml_rank_plugins.losses")
+    assert "pml_rank_plugins.QuantizedAPLoss" not in rows  # bare name is already ours
+    assert rows["QuantizedAPLoss"].startswith("pml_rank_plugins.")
+    for name, target in registry.listing():  # every listed name resolves to what it says
+        obj = registry.resolve(name)
+        assert f"{obj.__module__}.{name.rpartition('.')[2]}" == target, name

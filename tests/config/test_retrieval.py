@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pml_rank_plugins.config import compare, retrieval
-from tests.config.standins import tiny_config
+from tests.config.tiny import tiny_config
 
 
 def test_average_precision_by_hand():

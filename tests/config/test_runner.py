@@ -1,8 +1,9 @@
-"""End-to-end runs on the stand-ins: outputs, resume equivalence, eval, no faiss."""
+"""End-to-end runs on a tiny registered dataset/model: outputs, resume equivalence, eval, no faiss."""
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from pml_rank_plugins.config import runner
-from tests.config.standins import tiny_config
+from tests.config.tiny import tiny_config
 
 METRICS = {
     "precision_at_1",
@@ -78,8 +79,8 @@ def test_resume_equals_uninterrupted(tmp_path, sampler):
         val = next(t for t in tables if t.endswith("VAL_vs_self"))
         epochs = [r[0] for r in db.execute(f"SELECT epoch FROM {val}")]
         assert epochs == [1, 2, 3], (run, epochs)
-    # Training again without --resume starts clean instead of appending.
-    again = runner.train(cfg, tmp_path / "a")
+    # Training again without --resume (with --overwrite) starts clean instead of appending.
+    again = runner.train(cfg, tmp_path / "a", overwrite=True)
     assert again["history"] == straight["history"]
     db = sqlite3.connect(tmp_path / "a" / "logs" / "logs.db")
     assert [r[0] for r in db.execute(f"SELECT epoch FROM {val}")] == [1, 2, 3]
@@ -196,3 +197,58 @@ def test_crash_mid_epoch_then_resume_equals_uninterrupted(tmp_path, monkeypatch)
     a = runner.load_checkpoint(tmp_path / "a" / "checkpoints" / "latest.pt")["models"]
     b = runner.load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")["models"]
     assert all(torch.equal(a["trunk"][k], b["trunk"][k]) for k in a["trunk"])
+
+
+def test_resume_extends_a_finished_run_like_a_longer_one(tmp_path):
+    """--resume --set trainer.num_epochs=3 on a finished 2-epoch run = a straight 3-epoch run."""
+    three = tiny_config(trainer={"MetricLossOnly": {"num_epochs": 3}})
+    straight = runner.train(three, tmp_path / "a")
+    runner.train(tiny_config(), tmp_path / "b")  # 2 epochs, finished
+    longer = runner.train(three, tmp_path / "b", resume=True)
+    assert longer["epochs_run"] == 3 and longer["history"] == straight["history"]
+    assert longer["test"] == straight["test"]
+    assert runner.load_yaml(tmp_path / "b" / "config.yaml") == runner.plain(three)
+
+
+def test_resume_with_a_longer_patience_continues_an_early_stopped_run(tmp_path):
+    cfg = tiny_config(trainer={"MetricLossOnly": {"num_epochs": 4}})
+    cfg["optimizers"]["trunk_optimizer"] = {"SGD": {"lr": 0.0}}  # nothing improves after epoch 1
+    cfg["eval"]["patience"] = 0
+    m = runner.train(cfg, tmp_path / "r")
+    assert m["stopped_early"] and m["epochs_run"] == 2
+    cfg["eval"]["patience"] = None
+    cfg["eval"]["test_interval"] = 2
+    again = runner.train(cfg, tmp_path / "r", resume=True)
+    assert again["epochs_run"] == 4 and not again["stopped_early"]
+    assert [("validation" in h) for h in again["history"]] == [True, True, False, True]
+
+
+def test_resume_refusal_lists_the_changed_keys(tmp_path):
+    from pml_rank_plugins.config.schema import ConfigError
+
+    cfg = tiny_config()
+    runner.train(cfg, tmp_path / "r", stop_after_epoch=1)
+    cfg["seed"] = 99
+    cfg["optimizers"]["trunk_optimizer"]["Adam"]["lr"] = 0.5
+    cfg["trainer"]["MetricLossOnly"]["num_epochs"] = 5  # allowed, so not listed
+    with pytest.raises(ConfigError) as info:
+        runner.train(cfg, tmp_path / "r", resume=True)
+    msg = str(info.value)
+    assert "seed: 0 -> 99" in msg and "optimizers.trunk_optimizer.Adam.lr: 0.01 -> 0.5" in msg
+    assert "num_epochs: 2" not in msg and "trainer.*.num_epochs" in msg
+
+
+def test_one_console_line_per_epoch(tmp_path, caplog):
+    import re
+
+    with caplog.at_level(logging.INFO, logger="pml_rank_plugins.config.runner"):
+        m = runner.train(tiny_config(), tmp_path / "r")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
+    pattern = r"epoch (\d)/2  loss (\d+\.\d{4})  val mean_average_precision_at_r (\d\.\d{4}) \(best \d\.\d{4} @ \d\)  \d+\.\d s"
+    assert len(lines) == 2, lines
+    for line, h in zip(lines, m["history"]):
+        epoch, loss, value = re.fullmatch(pattern, line).groups()
+        assert int(epoch) == h["epoch"] and float(loss) == pytest.approx(h["train_loss"], abs=1e-4)
+        assert float(value) == pytest.approx(
+            h["validation"]["val"]["mean_average_precision_at_r"], abs=1e-4
+        )

@@ -19,7 +19,7 @@ from pml_rank_plugins.config.schema import (
     parse_set,
     validate,
 )
-from tests.config.standins import tiny_config
+from tests.config.tiny import tiny_config
 
 
 def test_is_object_spec():
@@ -131,3 +131,64 @@ def test_validation_errors():
     cfg = tiny_config(eval={"pattience": 3})
     with pytest.raises(ConfigError, match="pattience"):
         validate(cfg)
+
+
+def test_exponent_floats_are_floats(tmp_path):
+    """YAML 1.1 (PyYAML) reads ``1e-3`` as a string; configs and --set read it as a float."""
+    path = tmp_path / "c.yaml"
+    path.write_text("a: 1e-3\nb: 1.0e+38\nc: -2E4\nd: '1e-3'\ne: 3\nf: 0.5\n")
+    data = load_yaml(path)
+    assert data == {"a": 1e-3, "b": 1e38, "c": -2e4, "d": "1e-3", "e": 3, "f": 0.5}
+    assert all(type(data[k]) is float for k in "abcf") and type(data["e"]) is int
+    assert parse_set(["optimizers.trunk_optimizer.Adam.lr=1e-4"]) == [
+        (["optimizers", "trunk_optimizer", "Adam", "lr"], 1e-4)
+    ]
+    assert parse_set(["x={SGD: {lr: 1e-2}}"])[0][1] == {"SGD": {"lr": 0.01}}
+
+
+def test_lr_written_1e_3_trains(tmp_path):
+    from pml_rank_plugins.config import builder
+
+    path = tmp_path / "c.yaml"
+    cfg = tiny_config()
+    cfg["optimizers"] = {"trunk_optimizer": {"Adam": {"lr": "LR"}}}
+    path.write_text(dump_yaml(cfg).replace("LR", "1e-3"))
+    (loaded,) = load_config(path).values()
+    exp = builder.build_experiment(loaded)
+    assert exp.optimizers["trunk_optimizer"].param_groups[0]["lr"] == 1e-3
+
+
+@pytest.mark.parametrize(
+    "where, spec, pattern",
+    [
+        ("optimizers", {"trunk_optimizer": {"Adam": {"lr": "fast"}}}, r"optimizers\.trunk_optimizer: Adam: "),
+        ("optimizers", {"trunk_optimizer": {"Adam": {"lr": -1.0}}}, r"optimizers\.trunk_optimizer: Adam: Invalid learning rate"),
+        ("lr_schedulers", {"trunk_scheduler_by_epoch": {"StepLR": {"step_size": 1, "last_epoch": 5}}}, r"lr_schedulers\.trunk_scheduler_by_epoch: StepLR: KeyError: .*initial_lr"),
+        ("dataset", {"TinyDataset": {"num_classes": -3}}, r"dataset: TinyDataset: "),
+        ("split", {"class_disjoint_split": {"fractions": [0.9, 0.9]}, "names": ["train", "val"]}, r"split: class_disjoint_split: fractions must sum to 1"),
+    ],
+)  # fmt: skip
+def test_build_errors_name_the_config_key(where, spec, pattern):
+    from pml_rank_plugins.config import builder
+
+    cfg = tiny_config()
+    cfg[where] = spec
+    with pytest.raises((ValueError, TypeError), match=pattern):
+        builder.build_experiment(cfg)
+
+
+def test_pml_cross_batch_memory_with_our_loss_points_to_ours():
+    from pml_rank_plugins.config import builder
+
+    memory = {"loss": {"pml_rank_plugins.FastAPLoss": {}}, "embedding_size": 16}
+    cfg = tiny_config(loss_funcs={"metric_loss": {"CrossBatchMemory": memory}})
+    with pytest.raises(ConfigError, match="write pml_rank_plugins.CrossBatchMemory instead"):
+        validate(cfg)
+    # Building without validation: PML's bare Exception becomes a ConfigError naming the key.
+    with pytest.raises(ConfigError, match=r"loss_funcs\.metric_loss: CrossBatchMemory: Exception"):
+        builder.build_object(cfg["loss_funcs"]["metric_loss"], "loss_funcs.metric_loss")
+    cfg["loss_funcs"]["metric_loss"] = {"pml_rank_plugins.CrossBatchMemory": memory}
+    validate(cfg)
+    assert type(builder.build_object(cfg["loss_funcs"]["metric_loss"], "m")).__module__.startswith(
+        "pml_rank_plugins"
+    )

@@ -1,29 +1,27 @@
-"""configs/default.yaml and configs/omniglot.yaml: fair comparisons that validate.
-
-The plugin classes they name come from other branches; where one is not importable yet, a
-stand-in with the contract's signature is exported from the package for the test, so the configs
-are checked against the contract now and against the real classes once merged.
-"""
+"""The shipped configs (``pml_rank_plugins/configs/*.yaml``): fair comparisons that validate
+against the real classes (no stand-ins: a dropped export fails here), and ship in the package."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
+import shutil
+import zipfile
+from importlib import resources
 from pathlib import Path
 
 import pytest
 import pytorch_metric_learning.losses as pml_losses
 
+import pml_rank_plugins
 from pml_rank_plugins.config import registry
 from pml_rank_plugins.config.schema import expand_methods, load_yaml, spec_name_and_kwargs, validate
-from tests.config import standins
+from pml_rank_plugins.config.shipped import resolve_config, shipped_configs
+from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss, RankedListLoss
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 EXPECTED = {
-    "plugin FastAP": "plugin",
-    "plugin QuantizedAP": "plugin",
-    "plugin RankedList": "plugin",
+    "plugin FastAP": FastAPLoss,
+    "plugin QuantizedAP": QuantizedAPLoss,
+    "plugin RankedList": RankedListLoss,
     "PML FastAP": pml_losses.FastAPLoss,
     "PML RankedList": pml_losses.RankedListLoss,
     "PML Contrastive": pml_losses.ContrastiveLoss,
@@ -32,40 +30,83 @@ EXPECTED = {
 }
 
 
-@pytest.fixture
-def contract(monkeypatch):
-    """Export a contract stand-in wherever the real plugin class is missing."""
-    for module_name, objs in standins.CONTRACT.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            module = types.ModuleType(module_name)
-            monkeypatch.setitem(sys.modules, module_name, module)
-        exported = list(getattr(module, "__all__", []))
-        for obj in objs:
-            if not hasattr(module, obj.__name__):
-                monkeypatch.setattr(obj, "__module__", module_name)
-                monkeypatch.setattr(module, obj.__name__, obj, raising=False)
-                exported.append(obj.__name__)
-        monkeypatch.setattr(module, "__all__", exported, raising=False)
+def _resolved_names(spec, where):
+    """Every class name in an object spec, nested ones included."""
+    name, kwargs = spec_name_and_kwargs(spec, where)
+    yield name
+    for v in kwargs.values():
+        if isinstance(v, dict) and len(v) == 1 and str(next(iter(v)))[:1].isupper():
+            yield from _resolved_names(v, where)
 
 
 @pytest.mark.parametrize("name", ["default.yaml", "omniglot.yaml"])
-def test_shipped_config_is_a_fair_validated_comparison(name, contract):
+def test_shipped_config_is_a_fair_validated_comparison(name):
     methods = expand_methods(load_yaml(CONFIGS / name))
     assert set(methods) == set(EXPECTED)
     shared = None
     for method, cfg in methods.items():
         validate(cfg)
         loss_name, _ = spec_name_and_kwargs(cfg["loss_funcs"]["metric_loss"], method)
-        loss_cls = registry.resolve(loss_name)
-        if EXPECTED[method] == "plugin":
-            assert loss_cls.__module__.startswith("pml_rank_plugins"), method
-        else:
-            assert loss_cls is EXPECTED[method], method
+        assert registry.resolve(loss_name) is EXPECTED[method], method
         rest = {k: v for k, v in cfg.items() if k not in ("name", "loss_funcs", "mining_funcs")}
         shared = rest if shared is None else shared
         assert rest == shared, f"{method}: differs from the others outside the loss/miner"
     triplet = methods["PML Triplet + miner"]["mining_funcs"]["tuple_miner"]
     assert "TripletMarginMiner" in triplet
     assert {m for m, c in methods.items() if c.get("mining_funcs")} == {"PML Triplet + miner"}
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "omniglot.yaml"])
+def test_shipped_config_classes_are_the_packages_own(name):
+    """Dataset, model, sampler and split resolve to this package's real classes (exports)."""
+    cfg = next(iter(expand_methods(load_yaml(CONFIGS / name)).values()))
+    for slot in ("dataset", "sampler"):
+        obj = registry.resolve(spec_name_and_kwargs(cfg[slot], slot)[0])
+        assert obj.__module__.startswith("pml_rank_plugins."), (slot, obj)
+    trunk = registry.resolve(spec_name_and_kwargs(cfg["models"]["trunk"], "trunk")[0])
+    assert trunk.__module__.startswith("pml_rank_plugins.models"), trunk
+    split = {k: v for k, v in cfg["split"].items() if k not in ("names", "query_gallery")}
+    split_fn = registry.resolve(spec_name_and_kwargs(split, "split")[0])
+    assert split_fn.__module__.startswith("pml_rank_plugins."), split_fn
+
+
+def test_configs_are_package_data_and_usable_by_name(tmp_path, monkeypatch):
+    """Shipped inside the package (what a wheel installs) and found by name from any folder."""
+    root = resources.files("pml_rank_plugins.configs")
+    assert {p.name for p in root.iterdir()} >= {"default.yaml", "omniglot.yaml"}
+    assert Path(str(root)).resolve().is_relative_to(Path(pml_rank_plugins.__file__).parent)
+    assert {"default", "omniglot"} <= set(shipped_configs())
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    assert resolve_config("default") == shipped_configs()["default"]
+    assert resolve_config("omniglot.yaml") == shipped_configs()["omniglot"]
+    assert resolve_config("configs/default.yaml") == shipped_configs()["default"]
+    own = tmp_path / "default"
+    own.write_text("seed: 1\n")
+    assert resolve_config("default") == Path("default")  # a path wins over a shipped name
+    with pytest.raises(ValueError, match="shipped configs: .*default.*omniglot"):
+        resolve_config("nope")
+
+
+def test_wheel_contains_the_configs(tmp_path):
+    """Build the wheel (setuptools' PEP 517 backend, no network) and look inside it."""
+    build_meta = pytest.importorskip("setuptools.build_meta")
+    repo = CONFIGS.parent
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, src / name)
+    shutil.copytree(
+        repo / "pml_rank_plugins",
+        src / "pml_rank_plugins",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.chdir(src)
+    try:
+        wheel = build_meta.build_wheel(str(tmp_path / "dist"))
+    finally:
+        monkeypatch.undo()
+    names = zipfile.ZipFile(tmp_path / "dist" / wheel).namelist()
+    for shipped in shipped_configs():
+        assert f"pml_rank_plugins/configs/{shipped}.yaml" in names, shipped
+    assert "pml_rank_plugins/__main__.py" in names

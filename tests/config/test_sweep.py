@@ -11,8 +11,8 @@ import pytest
 from pml_rank_plugins.cli import main
 from pml_rank_plugins.config import runner, sweep
 from pml_rank_plugins.config.schema import ConfigError, dump_yaml
-from tests.config.standins import tiny_config
 from tests.config.test_compare import CrashingLoss  # noqa: F401 -- registers CrashingLoss
+from tests.config.tiny import tiny_config
 
 FAST = ["--set", "trainer.iterations_per_epoch=2", "--set", "trainer.num_epochs=1"]
 

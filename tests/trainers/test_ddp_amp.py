@@ -13,7 +13,7 @@ from pml_rank_plugins.config.schema import ConfigError
 from pml_rank_plugins.losses import FastAPLoss
 from pml_rank_plugins.trainers import DistributedMetricLossOnly, distributed_trainer_class
 from pml_rank_plugins.trainers.distributed import make_grad_scaler, parse_amp
-from tests.config.standins import tiny_config
+from tests.config.tiny import tiny_config
 
 
 class RecordingLoss(torch.nn.Module):

@@ -1,0 +1,112 @@
+"""Stop a run at the first non-finite loss or gradient (PML ``end_of_iteration_hook``).
+
+PML's trainers keep going when a loss turns NaN (``total_loss=nan`` in the progress bar) and the
+run ends with a normal-looking ``metrics.json``. :class:`NonFiniteCheck` is chained in front of
+the logging hook and raises :class:`NonFiniteError` naming the epoch, the iteration and the loss
+(or the model whose gradients) that went non-finite. The runner records the failure in
+``metrics.json`` (``"status": "failed"``) and the CLI exits non-zero with the message.
+
+Cost per iteration: one ``torch._foreach_norm`` over all gradients (one fused kernel per device
+and dtype), one ``torch.isfinite`` over the stacked losses and norms, and one host sync for the
+resulting boolean; the per-name search only runs once something is already non-finite. A
+gradient whose norm overflows (entries around 1e19 and above in float32) counts as non-finite.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or a gradient became NaN or inf during training."""
+
+
+def _grads(module: object) -> list[torch.Tensor]:
+    if not isinstance(module, torch.nn.Module):
+        return []
+    return [p.grad for p in module.parameters() if p.grad is not None]
+
+
+class NonFiniteCheck:
+    """``end_of_iteration_hook(trainer)`` that raises :class:`NonFiniteError`, then chains on.
+
+    Args:
+        chained: the hook to call afterwards (e.g. PML's logging hook), or ``None``.
+
+    Checks ``trainer.losses`` (every entry, ``total_loss`` included) and the gradients of
+    ``trainer.models`` and ``trainer.loss_funcs`` left by the iteration's backward pass.
+    ``epoch_loss_sum`` / ``epoch_iterations`` accumulate ``total_loss`` for the epoch summary
+    (reset with :meth:`start_epoch`); the sum stays on the device so no extra sync is needed.
+    """
+
+    def __init__(self, chained: Callable | None = None):
+        self.chained = chained
+        self.start_epoch()
+
+    def start_epoch(self) -> None:
+        self.epoch_loss_sum: torch.Tensor | float = 0.0
+        self.epoch_iterations = 0
+
+    def mean_loss(self) -> float | None:
+        if not self.epoch_iterations:
+            return None
+        return float(self.epoch_loss_sum) / self.epoch_iterations
+
+    def __call__(self, trainer) -> None:
+        check(trainer)
+        total = trainer.losses.get("total_loss")
+        if isinstance(total, torch.Tensor):
+            self.epoch_loss_sum = self.epoch_loss_sum + total.detach().double()
+            self.epoch_iterations += 1
+        if self.chained is not None:
+            self.chained(trainer)
+
+
+def _where(trainer) -> str:
+    epoch = getattr(trainer, "epoch", "?")
+    iteration = getattr(trainer, "iteration", None)
+    it = "?" if iteration is None else iteration + 1
+    per_epoch = getattr(trainer, "iterations_per_epoch", None)
+    of = f" of {per_epoch}" if per_epoch else ""
+    return f"epoch {epoch}, iteration {it}{of}"
+
+
+def check(trainer) -> None:
+    """Raise :class:`NonFiniteError` if a loss or gradient of ``trainer`` is not finite."""
+    losses = {k: v for k, v in trainer.losses.items() if isinstance(v, torch.Tensor)}
+    owners = {**getattr(trainer, "models", {}), **getattr(trainer, "loss_funcs", {})}
+    grads = {name: _grads(m) for name, m in owners.items()}
+    values = [v.detach().reshape(-1).float() for v in losses.values()]
+    flat = [g for gs in grads.values() for g in gs]
+    values += _norms(flat)
+    if not values:
+        return
+    device = values[0].device
+    if bool(torch.isfinite(torch.cat([v.to(device) for v in values])).all()):
+        return
+    bad_losses = [k for k, v in losses.items() if not bool(torch.isfinite(v).all())]
+    if bad_losses:
+        shown = ", ".join(f"{k}={losses[k].detach().cpu().tolist()}" for k in bad_losses)
+        raise NonFiniteError(
+            f"non-finite loss at {_where(trainer)}: {shown}. The run diverged or its input is "
+            "bad: lower the learning rate (optimizers.*) or check the data"
+        )
+    bad = [n for n, gs in grads.items() if gs and not all(_finite(gs))]
+    raise NonFiniteError(
+        f"non-finite gradient at {_where(trainer)} in the parameters of {', '.join(bad)} "
+        f"(losses were finite: {', '.join(f'{k}={float(v):.6g}' for k, v in losses.items())}). "
+        "Lower the learning rate (optimizers.*) or check the model and the loss's parameters"
+    )
+
+
+def _norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One norm per gradient (fused per device/dtype); inf/NaN anywhere gives a non-finite norm."""
+    if not grads:
+        return []
+    return [n.reshape(1).float() for n in torch._foreach_norm(grads)]
+
+
+def _finite(grads: Iterable[torch.Tensor]) -> list[bool]:
+    return [bool(torch.isfinite(n).all()) for n in _norms(list(grads))]

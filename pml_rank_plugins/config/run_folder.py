@@ -1,0 +1,164 @@
+"""A run folder's safety rules: one live run at a time, nothing wiped by accident, clear errors
+for unreadable checkpoints.
+
+* :func:`lock` takes an exclusive ``fcntl.flock`` on ``RUN_DIR/.lock`` for the whole run; a second
+  run into the same folder is refused with :class:`RunFolderBusy` naming the folder and the
+  holder's pid. The lock dies with its process (also on SIGKILL), so there is no stale lock to
+  clean up; the ``.lock`` file itself stays (deleting it would race with a waiting run).
+* :func:`prepare` refuses to start a fresh run in a folder that already holds one (finished or
+  partial) unless ``overwrite`` is set, and then removes only the run's own outputs.
+* :func:`load_checkpoint` turns a truncated, empty or garbage checkpoint into
+  :class:`CheckpointError` naming the file and what to do.
+* :func:`remove_partial_writes` deletes the ``.NAME.*.tmp`` files a killed
+  ``atomic_torch_save`` leaves behind (only safe while holding the lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+LOGGER = logging.getLogger(__name__)
+LOCK_NAME = ".lock"
+# What a run writes into its folder (what ``--overwrite`` removes; nothing else is touched).
+RUN_OUTPUTS = ("config.yaml", "checkpoints", "logs", "tensorboard", "metrics.json", "eval.json")
+
+
+class RunFolderError(RuntimeError):
+    """The run folder cannot be used as asked (the message says why and what to do)."""
+
+
+class RunFolderBusy(RunFolderError):
+    """Another live process holds the run folder's lock."""
+
+
+class CheckpointError(RunFolderError):
+    """A checkpoint file cannot be read (truncated, empty, not a checkpoint)."""
+
+
+@contextlib.contextmanager
+def lock(run_dir: str | Path) -> Iterator[Path]:
+    """Hold an exclusive lock on ``run_dir`` (created if missing) for the ``with`` block.
+
+    Raises :class:`RunFolderBusy` at once (no waiting) when another open lock exists, including
+    one taken by the same process through another ``lock`` call.
+    """
+    import fcntl  # POSIX only; imported here so the rest of the package imports anywhere
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise RunFolderBusy(
+                f"{run_dir} is in use by another run (pid {holder}); wait for it to finish or "
+                "give another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield run_dir
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def describe_run(run_dir: Path) -> str | None:
+    """``None`` for a folder without run outputs, else a short description of the run in it."""
+    present = [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+    if not present:
+        return None
+    if (run_dir / "metrics.json").exists():
+        try:
+            status = json.loads((run_dir / "metrics.json").read_text()).get("status", "finished")
+        except (ValueError, AttributeError):
+            status = "finished"
+        return f"a {'failed' if status == 'failed' else 'finished'} run (metrics.json)"
+    if (run_dir / "checkpoints" / "latest.pt").exists():
+        return "a partial run (checkpoints/latest.pt)"
+    return f"the outputs of an earlier run ({', '.join(present)})"
+
+
+def prepare(run_dir: str | Path, resume: bool, overwrite: bool) -> None:
+    """Make ``run_dir`` ready for a run (call while holding :func:`lock`).
+
+    Resuming keeps everything. A fresh run into a folder with run outputs raises
+    :class:`RunFolderError` unless ``overwrite``, which removes exactly :data:`RUN_OUTPUTS`.
+    """
+    run_dir = Path(run_dir)
+    remove_partial_writes(run_dir)
+    if resume:
+        return
+    found = describe_run(run_dir)
+    if found is None:
+        return
+    if not overwrite:
+        raise RunFolderError(
+            f"{run_dir} already holds {found}; pass --resume to continue it, --overwrite to "
+            "replace it, or give another --out"
+        )
+    LOGGER.warning("--overwrite: removing %s from %s", found, run_dir)
+    for name in RUN_OUTPUTS:
+        target = run_dir / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+
+
+def remove_partial_writes(run_dir: str | Path) -> list[Path]:
+    """Delete the ``.NAME.*.tmp`` leftovers of killed atomic writes under ``run_dir``."""
+    run_dir = Path(run_dir)
+    leftovers = [p for p in run_dir.glob("**/.*.tmp") if p.is_file()]
+    for p in leftovers:
+        LOGGER.warning("removing %s, left by an interrupted checkpoint write", p)
+        p.unlink(missing_ok=True)
+    return leftovers
+
+
+_UNREADABLE = (
+    RuntimeError,
+    EOFError,
+    OSError,
+    pickle.UnpicklingError,
+    ValueError,
+    zipfile.BadZipFile,
+)
+
+
+def load_checkpoint(path: str | Path, required: tuple[str, ...] = ("epoch",)) -> dict:
+    """``torch.load`` a checkpoint to CPU; :class:`CheckpointError` if it cannot be read.
+
+    ``required``: top-level keys the checkpoint must have (a dict without them is someone else's
+    file, not one of ours).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint")
+    hint = (
+        "the file is truncated or corrupt (e.g. the disk filled up or it was copied partially). "
+        "Delete it and resume from an earlier copy, or start the run again with --overwrite"
+    )
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: checkpoint is empty: {hint}")
+    try:
+        ckpt: Any = torch.load(path, map_location="cpu", weights_only=False)
+    except _UNREADABLE as e:
+        raise CheckpointError(
+            f"{path}: cannot be read as a checkpoint ({type(e).__name__}: {e}); {hint}"
+        ) from e
+    missing = [k for k in required if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise CheckpointError(f"{path}: not a pml-rank checkpoint (missing {missing}); {hint}")
+    return ckpt

@@ -1,0 +1,245 @@
+"""MLRC protocol (4 class-disjoint folds, concatenated / separated test), per-split datasets and
+transforms, data roots and the errors of wrong configs."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pml_rank_plugins.config import builder, protocols, runner
+from pml_rank_plugins.config.schema import ConfigError, validate
+from pml_rank_plugins.data import CUB200, GlyphDataset
+from tests.config.benchmark_fixtures import write_cub
+
+GLYPHS = {
+    "GlyphDataset": {
+        "seed": 0,
+        "images_per_class": 4,
+        "image_size": 16,
+        "max_classes_per_category": 3,
+        "categories": ["latin_upper", "latin_lower", "digits"],
+    }
+}
+
+
+def glyph_mlrc_config() -> dict:
+    return {
+        "seed": 0,
+        "dataset": copy.deepcopy(GLYPHS),
+        "split": {"mlrc_protocol": {"num_folds": 4}},
+        "models": {
+            "trunk": {"ConvEmbedder": {"in_channels": 1, "embedding_dim": 6, "widths": [4]}},
+            "embedder": {"Identity": {}},
+        },
+        "loss_funcs": {"metric_loss": {"ContrastiveLoss": {}}},
+        "sampler": {"RandomClassSampler": {"samples_per_class": 2}},
+        "optimizers": {"trunk_optimizer": {"Adam": {"lr": 0.01}}},
+        "trainer": {
+            "MetricLossOnly": {"batch_size": 4, "iterations_per_epoch": 1, "num_epochs": 2}
+        },
+        "eval": {
+            "tester": {"GlobalEmbeddingSpaceTester": {"dataloader_num_workers": 0}},
+            "metrics": ["precision_at_1", "mean_average_precision_at_r"],
+            "recall_at_k": [1],
+            "validation": ["val"],
+            "test": ["test"],
+        },
+    }
+
+
+def test_mlrc_folds_are_class_disjoint_and_cover_the_first_half():
+    cfg = glyph_mlrc_config()
+    labels = np.asarray(GlyphDataset(**GLYPHS["GlyphDataset"]).labels)[:, 0]
+    classes = np.unique(labels)
+    first, second = set(classes[: len(classes) // 2]), set(classes[len(classes) // 2 :])
+    val_classes = []
+    for k in range(4):
+        splits = builder.build_splits(protocols.mlrc_fold_config(cfg, k), 0)
+        tr, va, te = (set(np.asarray(splits[s].labels)[:, 0]) for s in ("train", "val", "test"))
+        assert not tr & va and (tr | va) == first and te == second
+        val_classes.append(va)
+    assert set().union(*val_classes) == first and sum(map(len, val_classes)) == len(first)
+
+
+def _plain_precision_at_1(emb: torch.Tensor, labels: torch.Tensor) -> float:
+    """Leave-one-out nearest neighbour by cosine similarity, one query at a time."""
+    hits = 0
+    for i in range(len(emb)):
+        sims = [float(emb[i] @ emb[j]) if j != i else -np.inf for j in range(len(emb))]
+        hits += int(labels[int(np.argmax(sims))] == labels[i])
+    return hits / len(emb)
+
+
+@pytest.mark.slow
+def test_mlrc_trains_four_fold_models_and_reports_both(tmp_path):
+    cfg = glyph_mlrc_config()
+    metrics = runner.train(cfg, tmp_path)
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["test"].keys() == {"concatenated", "separated"} == metrics["test"].keys()
+    assert saved["num_folds"] == 4 and len(saved["folds"]) == 4
+    assert saved["embedding_dim"] == {"concatenated": 24, "separated": 6}
+    folds = [json.loads((tmp_path / f"fold{k}" / "metrics.json").read_text()) for k in range(4)]
+    for m in ("precision_at_1", "mean_average_precision_at_r"):
+        expected = np.mean([f["test"]["test"][m] for f in folds])
+        assert saved["test"]["separated"][m] == pytest.approx(expected)
+    # concatenated: embed the test half with each fold's best weights, L2-normalize each model's
+    # 6-d output, concatenate to 24-d, score leave-one-out P@1 with a plain loop
+    test_set = builder.build_splits(protocols.mlrc_fold_config(cfg, 0), 0)["test"]
+    images = torch.stack([test_set[i][0] for i in range(len(test_set))])
+    labels = torch.as_tensor(np.asarray(test_set.labels)[:, 0])
+    parts = []
+    for k in range(4):
+        models = builder.build_models(protocols.mlrc_fold_config(cfg, k), torch.device("cpu"))
+        state = torch.load(tmp_path / f"fold{k}" / "checkpoints" / "best.pt", weights_only=False)
+        models["trunk"].load_state_dict(state["models"]["trunk"])
+        with torch.no_grad():
+            parts.append(F.normalize(models["trunk"].eval()(images), dim=1))
+    concat = torch.cat(parts, dim=1)
+    assert concat.shape[1] == 4 * parts[0].shape[1]
+    assert saved["test"]["concatenated"]["precision_at_1"] == pytest.approx(
+        _plain_precision_at_1(concat, labels)
+    )
+    again = runner.evaluate(tmp_path)
+    assert again["test"]["concatenated"] == pytest.approx(saved["test"]["concatenated"])
+    assert len(again["folds"]) == 4
+
+
+def test_one_fold_alone_is_an_ordinary_run(tmp_path):
+    cfg = glyph_mlrc_config()
+    cfg["split"]["fold"] = 2
+    metrics = runner.train(cfg, tmp_path)
+    assert set(metrics["test"]) == {"test"} and not (tmp_path / "fold0").exists()
+
+
+@pytest.mark.parametrize(
+    "split,match",
+    [
+        ({"mlrc_protocol": {}, "names": ["train", "val", "test"]}, "mlrc_protocol makes fixed"),
+        ({"class_disjoint_kfold": {"num_folds": 4}}, r"split: \{mlrc_protocol"),
+        ({"mlrc_protocol": {}, "fold": 4}, r"split.fold: 4 is not in 0..3"),
+    ],
+)
+def test_wrong_split_configs_explain_the_fix(split, match):
+    cfg = glyph_mlrc_config()
+    cfg["split"] = split
+    with pytest.raises(ConfigError, match=match):
+        builder.build_splits(cfg, 0)
+
+
+def test_mlrc_without_fold_tells_how_to_build_one():
+    with pytest.raises(ConfigError, match=r"--set split.fold=K"):
+        builder.build_splits(glyph_mlrc_config(), 0)
+
+
+# --------------------------------------------------------------------------- splits, transforms
+
+TRANSFORMS = {
+    "train": [{"RandomResizedCrop": {"size": 8}}, {"ToTensor": {}}],
+    "eval": [{"Resize": {"size": 10}}, {"CenterCrop": {"size": 10}}, {"ToTensor": {}}],
+}
+
+
+def cub_config(data_root, **extra) -> dict:
+    cfg = glyph_mlrc_config()
+    cfg.pop("dataset"), cfg.pop("split")
+    cfg["data_root"] = str(data_root)
+    cfg["models"]["trunk"] = {"ConvEmbedder": {"in_channels": 3, "embedding_dim": 4, "widths": [4]}}
+    cfg.update(extra)
+    return cfg
+
+
+def test_published_splits_and_per_split_transforms(tmp_path):
+    write_cub(tmp_path)
+    cfg = cub_config(
+        tmp_path,
+        datasets={
+            "train": {"CUB200": {"root": "CUB_200_2011", "split": "train"}},
+            "test": {"CUB200": {"root": "CUB_200_2011", "split": "test"}},
+        },
+        transforms=copy.deepcopy(TRANSFORMS),
+    )
+    validate(cfg)
+    splits = builder.build_splits(cfg, 0)
+    assert len(splits["train"]) == len(CUB200(tmp_path / "CUB_200_2011", "train")) == 48
+    assert splits["train"][0][0].shape == (3, 8, 8) and splits["test"][0][0].shape == (3, 10, 10)
+    assert set(np.asarray(splits["test"].labels)[:, 0]) == set(range(100, 112))
+
+
+def test_split_function_subsets_use_train_and_eval_transforms(tmp_path):
+    write_cub(tmp_path)
+    cfg = cub_config(
+        tmp_path,
+        dataset={"CUB200": {"root": "CUB_200_2011", "split": "all"}},
+        split={"class_disjoint_split": {"fractions": [0.5, 0.5]}, "names": ["train", "test"]},
+        transforms=copy.deepcopy(TRANSFORMS),
+    )
+    splits = builder.build_splits(cfg, 0)
+    assert splits["train"][0][0].shape == (3, 8, 8) and splits["test"][0][0].shape == (3, 10, 10)
+
+
+def test_unequal_image_sizes_name_the_transform_key(tmp_path):
+    write_cub(tmp_path)
+    cfg = cub_config(
+        tmp_path,
+        datasets={"train": {"CUB200": {"root": "CUB_200_2011", "split": "train"}}},
+        transforms={"train": [{"ToTensor": {}}], "eval": TRANSFORMS["eval"]},
+    )
+    cfg["eval"].update(validation=[], test=[])
+    with pytest.raises(ConfigError, match=r"train split: transforms.train: images of unequal"):
+        runner.train(cfg, tmp_path / "run")
+    del cfg["transforms"]
+    with pytest.raises(ConfigError, match=r"transforms \(not set: the dataset's built-in"):
+        runner.train(cfg, tmp_path / "run2")
+
+
+def test_missing_data_root_names_key_folder_and_archive(tmp_path):
+    cfg = cub_config(tmp_path, dataset={"CUB200": {"root": "CUB_200_2011", "split": "all"}})
+    with pytest.raises(ConfigError) as err:
+        builder.build_splits(cfg, 0)
+    text = str(err.value)
+    assert "dataset.CUB200.root" in text and str(tmp_path / "CUB_200_2011") in text
+    assert "CUB_200_2011.tgz" in text and f"data root {tmp_path}" in text
+
+
+def test_transforms_need_an_eval_list():
+    cfg = glyph_mlrc_config()
+    cfg["transforms"] = {"train": [{"ToTensor": {}}]}
+    with pytest.raises(ConfigError, match="transforms: needs an 'eval' list"):
+        builder.build_splits(cfg, 0)
+
+
+def test_missing_weights_file_names_key_and_file(tmp_path):
+    cfg = cub_config(tmp_path, dataset=copy.deepcopy(GLYPHS))
+    cfg["models"]["trunk"] = {"ResNetTrunk": {"depth": 18, "weights_path": "w/r18.pth"}}
+    with pytest.raises(FileNotFoundError) as err:
+        builder.build_models(cfg, torch.device("cpu"))
+    text = str(err.value)
+    assert "models.trunk: ResNetTrunk" in text and str(tmp_path / "w" / "r18.pth") in text
+    assert "Nothing is downloaded" in text
+
+
+def test_compare_table_shows_concatenated_and_separated():
+    from pml_rank_plugins.config import compare
+
+    runs = {
+        name: {
+            f"seed{i}": {
+                "test": {
+                    "concatenated": {"precision_at_1": 0.5 + i / 10 + d},
+                    "separated": {"precision_at_1": 0.4 + i / 10 + d},
+                }
+            }
+            for i in range(2)
+        }
+        for name, d in (("a", 0.0), ("b", 0.05))
+    }
+    summary = compare.summarize(runs)
+    assert summary["metrics"] == ["precision_at_1", "separated precision_at_1"]
+    table = compare.markdown_table(summary)
+    assert "separated P@1" in table and "| P@1" in table
+    assert summary["rows"]["b"]["separated precision_at_1"]["mean"] == pytest.approx(0.5)

@@ -1,0 +1,129 @@
+"""Run folder safety (issue 12, items 1 and 9): a lock against two live runs, no silent wipe of an
+earlier run, clear errors for unreadable checkpoints, removal of killed-write leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pml_rank_plugins.cli import main
+from pml_rank_plugins.config import run_folder, runner
+from pml_rank_plugins.config.run_folder import CheckpointError, RunFolderBusy, RunFolderError
+from pml_rank_plugins.config.schema import dump_yaml
+from tests.config.tiny import tiny_config
+
+
+def one_epoch():
+    return tiny_config(trainer={"MetricLossOnly": {"num_epochs": 1}})
+
+
+@pytest.fixture(scope="module")
+def partial_run(tmp_path_factory):
+    """A run interrupted after epoch 1 of 2 (copied by each test that damages it)."""
+    run = tmp_path_factory.mktemp("partial") / "run"
+    runner.train(tiny_config(), run, stop_after_epoch=1)
+    return run
+
+
+def test_second_run_into_a_live_folder_is_refused(tmp_path):
+    run = tmp_path / "run"
+    with run_folder.lock(run):
+        with pytest.raises(
+            RunFolderBusy, match=rf"{run} is in use by another run \(pid {os.getpid()}\)"
+        ):
+            runner.train(one_epoch(), run)
+    assert not (run / "config.yaml").exists()  # the refused run wrote nothing
+    runner.train(one_epoch(), run)  # released: the folder is usable again
+
+
+def test_lock_is_held_across_processes(tmp_path):
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pml_rank_plugins.config import run_folder\n"
+         f"with run_folder.lock({str(run)!r}):\n    print('locked', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, cwd=os.getcwd(),
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunFolderBusy, match=f"pid {holder.pid}"):
+            with run_folder.lock(run):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with run_folder.lock(run):  # a killed holder leaves no stale lock
+        pass
+
+
+@pytest.mark.parametrize("stop", [None, 1], ids=["finished", "partial"])
+def test_fresh_run_into_a_used_folder_is_refused_unless_overwrite(tmp_path, stop):
+    run = tmp_path / "run"
+    runner.train(tiny_config(), run, stop_after_epoch=stop)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    kind = "finished" if stop is None else "partial"
+    with pytest.raises(RunFolderError, match=f"already holds a {kind} run.*--resume.*--overwrite"):
+        runner.train(tiny_config(seed=5), run)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    m = runner.train(tiny_config(seed=5), run, overwrite=True)
+    assert m["seed"] == 5 and [h["epoch"] for h in m["history"]] == [1, 2]
+
+
+def test_cli_refuses_and_overwrites(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    dump_yaml(one_epoch(), cfg)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["train", str(cfg), "--out", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert f"pml-rank: error: {run} already holds a finished run" in err
+    assert "Traceback" not in err
+    assert main(["train", str(cfg), "--out", str(run), "--overwrite"]) == 0
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "random", "not_a_checkpoint"])
+def test_corrupt_checkpoint_names_the_file_and_the_fix(tmp_path, partial_run, damage, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(partial_run, run)
+    latest = run / "checkpoints" / "latest.pt"
+    data = latest.read_bytes()
+    latest.write_bytes(
+        {
+            "truncated": data[: len(data) // 2],
+            "empty": b"",
+            "random": os.urandom(4096),
+            "not_a_checkpoint": b"\x80\x04K\x07.",  # a pickled 7
+        }[damage]
+    )
+    with pytest.raises(CheckpointError, match=rf"{latest}: .*(Delete it|--overwrite)"):
+        runner.train(None, run, resume=True)
+    with pytest.raises(CheckpointError, match=str(latest)):
+        runner.evaluate(run, which="latest")
+    assert main(["eval", str(run), "--which", "latest"]) == 1
+    err = capsys.readouterr().err
+    assert str(latest) in err and "Traceback" not in err
+
+
+def test_leftovers_of_a_killed_write_are_removed(tmp_path, partial_run):
+    run = tmp_path / "run"
+    shutil.copytree(partial_run, run)
+    leftover = run / "checkpoints" / ".latest.pt.k1ll3d.tmp"
+    leftover.write_bytes(b"half a checkpoint")
+    m = runner.train(None, run, resume=True)
+    assert not leftover.exists()
+    assert m["epochs_run"] == 2
+    assert not list(run.rglob("*.tmp"))
+
+
+def test_failed_run_is_described_as_failed(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.json").write_text(json.dumps({"status": "failed", "error": "x"}))
+    with pytest.raises(RunFolderError, match="already holds a failed run"):
+        run_folder.prepare(run, resume=False, overwrite=False)
