@@ -27,7 +27,6 @@ import json
 import logging
 import multiprocessing as mp
 import re
-import shutil
 import time
 import traceback
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ import numpy as np
 import torch
 import tqdm
 
-from . import distributed, registry, runner, statistics
+from . import distributed, registry, run_folder, runner, statistics
 from .schema import (
     ConfigError,
     apply_set,
@@ -182,7 +181,7 @@ def job_device(config: dict, device: str | None, slot: int | None) -> str | None
     return f"cuda:{slot % torch.cuda.device_count()}"
 
 
-def run_job(job: Job, resume: bool, device: str | None = None) -> dict:
+def run_job(job: Job, resume: bool, device: str | None = None, overwrite: bool = False) -> dict:
     """Train one job (or reuse its finished ``metrics.json`` with ``resume``); never raises for a
     failing run: returns ``{"failed": True, "error": ..., "traceback": ...}`` and writes it to
     ``RUN_DIR/failed.json``."""
@@ -193,15 +192,17 @@ def run_job(job: Job, resume: bool, device: str | None = None) -> dict:
         if metrics.get("status") != "failed":  # runner.train records failures there too
             return metrics
     main = distributed.is_main_process()  # under torchrun every rank trains, rank 0 writes
-    if not resume and run_dir.exists() and main:
-        shutil.rmtree(run_dir)
+    # A fresh run never wipes an earlier one silently: :func:`execute` refused already unless
+    # ``overwrite``, and then ``runner.train`` removes only the run's own outputs.
     if main:
         (run_dir / FAILED_FILE).unlink(missing_ok=True)
     distributed.barrier()
     t0 = time.perf_counter()
     try:
         dev = job_device(job.config, device, _WORKER_SLOT)
-        metrics = runner.train(job.config, run_dir, resume=resume, device=dev)
+        metrics = runner.train(
+            job.config, run_dir, resume=resume, device=dev, overwrite=overwrite and not resume
+        )
     except Exception as e:  # noqa: BLE001 -- isolate any failure of one run (reported below)
         record = {
             "failed": True,
@@ -224,9 +225,18 @@ def run_job(job: Job, resume: bool, device: str | None = None) -> dict:
 
 
 def execute(
-    jobs: Sequence[Job], resume: bool, device: str | None = None, n_jobs: int = 1, desc="runs"
+    jobs: Sequence[Job],
+    resume: bool,
+    device: str | None = None,
+    n_jobs: int = 1,
+    desc="runs",
+    overwrite: bool = False,
 ) -> dict[str, dict[str, dict]]:
     """Run ``jobs``; returns ``{name: {run_id: metrics or failure record}}`` in job order.
+
+    Without ``resume`` or ``overwrite``, run folders that already hold a run's outputs are refused
+    before anything trains (:class:`~.run_folder.RunFolderError` listing them); ``overwrite``
+    replaces those outputs, ``resume`` reuses finished runs and continues the others.
 
     ``n_jobs > 1`` runs them in that many ``spawn`` worker processes (each with the parent's
     torch thread count and registered names, so results equal a sequential run); worker ``k``
@@ -236,12 +246,21 @@ def execute(
         raise ValueError(f"--jobs must be >= 1, got {n_jobs}")
     if n_jobs > 1 and distributed.world_size() > 1:
         raise ValueError("--jobs > 1 cannot be combined with torchrun; use one or the other")
+    if not resume and not overwrite:
+        used = [(j.run_dir, run_folder.describe_run(j.run_dir)) for j in jobs]
+        used = [f"{d} ({what})" for d, what in used if what is not None]
+        if used:
+            raise run_folder.RunFolderError(
+                f"{len(used)} run folder(s) already hold runs: {'; '.join(used[:5])}"
+                f"{' ...' if len(used) > 5 else ''}; pass --resume to reuse and continue them, "
+                "--overwrite to replace them, or give another --out"
+            )
     results: dict[str, dict[str, dict]] = {}
     for job in jobs:
         results.setdefault(job.name, {})[job.run_id] = {}
     if n_jobs == 1 or len(jobs) <= 1:
         for job in tqdm.tqdm(jobs, desc=desc, unit="run"):
-            results[job.name][job.run_id] = run_job(job, resume, device)
+            results[job.name][job.run_id] = run_job(job, resume, device, overwrite)
         return results
     ctx = mp.get_context("spawn")
     slots = ctx.Queue()
@@ -251,7 +270,7 @@ def execute(
     with cf.ProcessPoolExecutor(
         n_jobs, mp_context=ctx, initializer=_worker_init, initargs=init
     ) as ex:
-        futures = {ex.submit(run_job, job, resume, device): job for job in jobs}
+        futures = {ex.submit(run_job, job, resume, device, overwrite): job for job in jobs}
         for fut in tqdm.tqdm(cf.as_completed(futures), total=len(jobs), desc=desc, unit="run"):
             job = futures[fut]
             try:
@@ -277,13 +296,14 @@ def run_comparison(
     reference: str | None = None,
     jobs: int = 1,
     pictures: bool = True,
+    overwrite: bool = False,
 ) -> dict:
     """Train every method with seeds ``seed, seed+1, ...``; write tables, plots and pictures.
 
     ``configs``: YAML paths and/or config dicts. ``reference``: the method the others are compared
     with (default: the first). ``jobs``: worker processes. With ``resume`` a finished run
     (``metrics.json`` present) is reused, an interrupted one continued and a failed one retried;
-    otherwise every run directory starts empty. Returns the summary dict (see :func:`summarize`);
+    otherwise a folder holding an earlier run is refused unless ``overwrite``. Returns the summary dict (see :func:`summarize`);
     ``summary["failed"]`` lists failed runs (the CLI then exits non-zero).
     """
     out_dir = Path(out_dir)
@@ -294,7 +314,7 @@ def run_comparison(
     out_dir.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     all_jobs = make_jobs(selected, out_dir, seeds)
-    results = execute(all_jobs, resume, device, jobs, desc="compare")
+    results = execute(all_jobs, resume, device, jobs, desc="compare", overwrite=overwrite)
     primary = primary_metric(next(iter(selected.values())))
     summary = summarize(results, reference=reference, primary=primary)
     summary["total_wall_seconds"] = time.perf_counter() - t_all

@@ -179,3 +179,29 @@ def test_jobs_2_equals_jobs_1(tmp_path, config_file):
             a = json.loads((tmp_path / "seq" / method / f"seed{i}" / "metrics.json").read_text())
             b = json.loads((tmp_path / "par" / method / f"seed{i}" / "metrics.json").read_text())
             assert a["history"] == b["history"] and a["test"] == b["test"]
+
+
+def test_compare_into_a_used_folder_is_refused_unless_resume_or_overwrite(
+    config_file, tmp_path, monkeypatch
+):
+    # Issue 12.1: compare used to rmtree an earlier run's folder silently when not resuming.
+    out = tmp_path / "out"
+    earlier = out / "Contrastive" / "seed0"
+    earlier.mkdir(parents=True)
+    (earlier / "metrics.json").write_text(json.dumps({"test": {}}))
+    calls = []
+
+    def fake_train(config, run_dir, resume=False, device=None, overwrite=False, **kw):
+        calls.append((run_dir.name, resume, overwrite))
+        raise RuntimeError("stop here: only the arguments matter")
+
+    monkeypatch.setattr(compare.runner, "train", fake_train)
+    with pytest.raises(compare.run_folder.RunFolderError, match="--overwrite") as info:
+        compare.run_comparison(config_file, out, methods=["Contrastive"], pictures=False)
+    assert str(earlier) in str(info.value)
+    assert calls == [] and (earlier / "metrics.json").exists()  # nothing trained, nothing removed
+    summary = compare.run_comparison(
+        config_file, out, methods=["Contrastive"], pictures=False, overwrite=True
+    )
+    assert calls == [("seed0", False, True)]  # the runner replaces only the run's own outputs
+    assert summary["failed"]
