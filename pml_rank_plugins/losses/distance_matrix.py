@@ -31,23 +31,43 @@ def distance_matrix(
     every row still receives gradient as a query, never as a gallery item. O(N M D).
     """
     is_self = ref_emb is embeddings
+    pair = euclidean_embeddings(distance, embeddings, ref_emb, is_self, gallery_gradient)
+    if pair is not None:
+        return euclidean_distances(*pair)
     gallery = ref_emb if gallery_gradient else ref_emb.detach()
-    l2_normalizing = distance.normalize_embeddings and getattr(distance, "p", None) == 2
+    if distance.normalize_embeddings and getattr(distance, "p", None) == 2:
+        # Pre-normalize overflow-safe (the distance's own F.normalize then leaves unit rows
+        # unchanged and zero rows zero, their gradient zeroed by normalize_rows).
+        embeddings = normalize_rows(embeddings)
+        gallery = embeddings if is_self else normalize_rows(gallery)
+        gallery = gallery if gallery_gradient else gallery.detach()
+    return distance(embeddings, gallery)
+
+
+def euclidean_embeddings(distance, embeddings, ref_emb, is_self: bool, gallery_gradient: bool):
+    """``(queries, refs)`` for the chunked Euclidean kernel, or ``None`` for other distances.
+
+    Only a plain ``LpDistance(p=2, power=1)`` (PML's default for RLL, normalized or not) takes
+    the chunked path; subclasses and every other distance object are computed by calling them.
+    The embeddings are normalized with the shared
+    :func:`~pml_rank_plugins.functional.validation.normalize_rows` when the distance normalizes,
+    and the distance's stats recorded, as a PML distance call would. ``refs`` is detached unless
+    ``gallery_gradient``; with ``is_self`` it is the normalized batch itself (so gradient through
+    it reaches the same rows). Shared by :func:`distance_matrix` (dense matrix) and the chunked
+    Ranked List kernels of the loss and the miner.
+    """
     if type(distance) is not LpDistance or distance.p != 2 or distance.power != 1:
-        if l2_normalizing:
-            # Pre-normalize overflow-safe (the distance's own F.normalize then leaves unit rows
-            # unchanged and zero rows zero, their gradient zeroed by normalize_rows).
-            embeddings = normalize_rows(embeddings)
-            gallery = embeddings if is_self else normalize_rows(gallery)
-            gallery = gallery if gallery_gradient else gallery.detach()
-        return distance(embeddings, gallery)
+        return None
     distance.reset_stats()
+    gallery = ref_emb if gallery_gradient else ref_emb.detach()
     distance.check_shapes(embeddings, gallery)
-    normalize = normalize_rows if distance.normalize_embeddings else (lambda x: x)
-    query = normalize(embeddings)
+    # The package's shared normalization (F.normalize's values, no overflow for huge rows, zero
+    # gradient for zero rows).
+    normalize = normalize_rows if distance.normalize_embeddings else (lambda rows: rows)
+    queries = normalize(embeddings)
     if is_self:
-        ref = query if gallery_gradient else query.detach()
+        refs = queries if gallery_gradient else queries.detach()
     else:
-        ref = normalize(gallery)
-    distance.set_default_stats(embeddings, gallery, query, ref)
-    return euclidean_distances(query, ref)
+        refs = normalize(gallery)
+    distance.set_default_stats(embeddings, gallery, queries, refs)
+    return queries, refs

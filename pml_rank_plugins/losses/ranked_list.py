@@ -14,44 +14,16 @@ from ..functional.soft_histogram import pair_categories
 from ..functional.validation import (
     check_finite,
     check_int,
-    normalize_rows,
     prepare_embeddings,
     validate_indices_tuple,
 )
-from .distance_matrix import distance_matrix
+from .distance_matrix import distance_matrix, euclidean_embeddings
 from .pair_masks import pair_masks
 
 
 def check_chunk_size(chunk_size) -> int | None:
     """``chunk_size`` (query rows per chunk): ``None`` (automatic) or an integer >= 1."""
     return None if chunk_size is None else check_int(chunk_size, "chunk_size", minimum=1)
-
-
-def euclidean_embeddings(distance, embeddings, ref_emb, is_self: bool, gallery_gradient: bool):
-    """``(queries, refs)`` for the chunked Euclidean kernel, or ``None`` for other distances.
-
-    Only a plain ``LpDistance(p=2, power=1)`` (PML's default for RLL, normalized or not) takes
-    the chunked path; subclasses and every other distance object are computed by calling them.
-    The embeddings are normalized with the shared
-    :func:`~pml_rank_plugins.functional.validation.normalize_rows` when the distance normalizes,
-    and the distance's stats recorded, as a PML distance call would. ``refs`` is detached unless ``gallery_gradient``; with ``is_self``
-    it is the normalized batch itself (so gradient through it reaches the same rows).
-    """
-    if type(distance) is not LpDistance or distance.p != 2 or distance.power != 1:
-        return None
-    distance.reset_stats()
-    gallery = ref_emb if gallery_gradient else ref_emb.detach()
-    distance.check_shapes(embeddings, gallery)
-    # The package's shared normalization (F.normalize's values, no overflow for huge rows, zero
-    # gradient for zero rows), as distance_matrix() uses for the dense path.
-    normalize = normalize_rows if distance.normalize_embeddings else (lambda rows: rows)
-    queries = normalize(embeddings)
-    if is_self:
-        refs = queries if gallery_gradient else queries.detach()
-    else:
-        refs = normalize(gallery)
-    distance.set_default_stats(embeddings, gallery, queries, refs)
-    return queries, refs
 
 
 def ranked_list_categories(labels, ref_labels, indices_tuple, is_self: bool):
