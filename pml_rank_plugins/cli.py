@@ -25,14 +25,26 @@ from pathlib import Path
 
 import yaml
 
-from .config import check, compare, distributed, registry, runner, sweep
-from .config.compare import slug
-from .config.data_root import data_root_override
-from .config.faults import NonFiniteError
-from .config.registry import UnknownNameError
-from .config.run_folder import RunFolderError
-from .config.schema import ConfigError
-from .config.shipped import resolve_config
+from .experiment import (
+    ConfigError,
+    UnknownNameError,
+    check_configs,
+    check_methods,
+    collect_methods,
+    listing,
+    resolve_config,
+    resolve_data_root,
+    slug,
+)
+from .reporting import markdown_table, prepare_sweep, run_comparison, run_sweep
+from .running import (
+    NonFiniteError,
+    RunFolderError,
+    evaluate,
+    is_main_process,
+    shutdown,
+    train,
+)
 
 # Raised while loading/validating configs only (never caught around training).
 CONFIG_ERRORS = (ConfigError, UnknownNameError, TypeError, ValueError, OSError, yaml.YAMLError)
@@ -259,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         _report(args, "error", e)
         return 1
     finally:
-        distributed.shutdown()  # under torchrun: the process group runner.train started
+        shutdown()  # under torchrun: the process group runner.train started
 
 
 def _closed_pipe() -> int:
@@ -288,12 +300,14 @@ def _load(fn, *args, **kwargs):
         raise _BadConfig(str(e)) from e
 
 
-def _data_root_sets(args) -> list[str]:
-    """``--data-root`` (else ``$PML_RANK_DATA``) as a ``data_root=...`` override."""
+def _data_root(args, env: bool = True) -> str | None:
+    """``--data-root`` (else, with ``env``, ``$PML_RANK_DATA``) as an absolute path, or None."""
     flag = getattr(args, "data_root", None)
     if flag is not None and not Path(flag).expanduser().is_dir():
         raise _BadConfig(f"--data-root {flag}: not a folder")
-    return data_root_override(flag)
+    if flag is None and not env:
+        return None
+    return resolve_data_root(flag)
 
 
 def _config_paths(names: list[str]) -> list[Path]:
@@ -301,33 +315,31 @@ def _config_paths(names: list[str]) -> list[Path]:
 
 
 def _run(args) -> int:
-    if hasattr(args, "overrides"):
-        args.overrides = _data_root_sets(args) + list(args.overrides)
     if args.command == "train":
         methods = [args.method] if args.method else None
         (path,) = _config_paths([args.config])
-        configs = _load(compare.collect_methods, [path], args.overrides, methods)
+        configs = _load(collect_methods, [path], args.overrides, methods, _data_root(args))
         out = Path(args.out or Path("runs") / path.stem)
         for name, cfg in configs.items():
             run_dir = out if len(configs) == 1 else out / slug(name)
-            metrics = runner.train(
+            metrics = train(
                 cfg, run_dir, resume=args.resume, device=args.device, overwrite=args.overwrite
             )
-            if distributed.is_main_process():  # torchrun: one report, from rank 0
+            if is_main_process():  # torchrun: one report, from rank 0
                 print(json.dumps({"run_dir": str(run_dir), "test": metrics.get("test")}, indent=2))
     elif args.command == "eval":
-        root = _data_root_sets(args)
-        data_root = json.loads(root[0].partition("=")[2]) if args.data_root and root else None
-        out = runner.evaluate(args.run_dir, args.which, args.device, data_root=data_root)
+        data_root = _data_root(args, env=False)  # the saved config's data_root unless given
+        out = evaluate(args.run_dir, args.which, args.device, data_root=data_root)
         print(json.dumps(out, indent=2))
     elif args.command == "compare":
         methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
         paths = _config_paths(args.configs)
-        configs = _load(compare.collect_methods, paths, args.overrides, methods)
+        data_root = _data_root(args)
+        configs = _load(collect_methods, paths, args.overrides, methods, data_root)
         if args.reference is not None and args.reference not in configs:
             raise _BadConfig(f"--reference {args.reference!r}: not one of {list(configs)}")
-        _load(compare.check_configs, configs)  # fail fast, before the first run
-        summary = compare.run_comparison(
+        _load(check_methods, configs)  # fail fast, before the first run
+        summary = run_comparison(
             paths,
             args.out,
             seeds=args.seeds,
@@ -337,16 +349,20 @@ def _run(args) -> int:
             device=args.device,
             reference=args.reference,
             jobs=args.jobs,
-            **_overwrite_kwarg(args),
+            overwrite=args.overwrite,
+            data_root=data_root,
         )
-        if distributed.is_main_process():  # torchrun: one report, from rank 0
-            print(compare.markdown_table(summary))
+        if is_main_process():  # torchrun: one report, from rank 0
+            print(markdown_table(summary))
             print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
         return _report_failures(summary)
     elif args.command == "sweep":
         (path,) = _config_paths([args.config])
-        _load(sweep.prepare_sweep, path, args.method, args.grid, args.overrides, args.reference)
-        summary = sweep.run_sweep(
+        data_root = _data_root(args)
+        _load(
+            prepare_sweep, path, args.method, args.grid, args.overrides, args.reference, data_root
+        )
+        summary = run_sweep(
             path,
             args.method,
             args.grid,
@@ -357,32 +373,27 @@ def _run(args) -> int:
             reference=args.reference,
             device=args.device,
             jobs=args.jobs,
+            data_root=data_root,
         )
-        print(compare.markdown_table(summary, "cell"))
+        print(markdown_table(summary, "cell"))
         print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
         return _report_failures(summary)
     elif args.command == "check":
         methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
-        for line in _load(check.check_configs, args.configs, args.overrides, methods, args.device):
+        lines = _load(
+            check_configs, args.configs, args.overrides, methods, args.device, _data_root(args)
+        )
+        for line in lines:
             print(line)
     elif args.command == "list":
         _list(args.substring)
     return 0
 
 
-def _overwrite_kwarg(args) -> dict:
-    """``overwrite=`` for ``run_comparison`` once it takes it (compare.py decides its meaning)."""
-    import inspect
-
-    if "overwrite" in inspect.signature(compare.run_comparison).parameters:
-        return {"overwrite": args.overwrite}
-    return {}  # this run_comparison replaces unfinished run folders itself
-
-
 def _list(substring: str) -> None:
     """One line per name: what to write in a config, and the class it resolves to."""
     needle = substring.lower()
-    for name, target in registry.listing():
+    for name, target in listing():
         if needle in name.lower() or needle in target.lower():
             print(f"{name:40s} {target}")
 

@@ -22,7 +22,7 @@ if [ "${RESUME:-0}" = 1 ]; then EXTRA+=(--resume); fi
 for claim in "${CLAIMS[@]}"; do
   echo "=== $claim: start $(date -u +%FT%TZ)"
   t0=$(date +%s)
-  "$PY" -m pml_rank_plugins.cli compare "pml_rank_plugins/configs/ablations/$claim.yaml" \
+  "$PY" -m pml_rank_plugins.cli compare "pml_rank_plugins/experiment/configs/ablations/$claim.yaml" \
     --seeds "$SEEDS" --out "$OUT/$claim" --set "dataset.OmniglotDataset.path=$ZIP" \
     ${EXTRA[@]+"${EXTRA[@]}"}
   echo "=== $claim: done $(date -u +%FT%TZ) in $(( $(date +%s) - t0 )) s"

@@ -17,6 +17,7 @@ from .splits import (
     class_disjoint_split,
     first_half_split,
     mlrc_protocol,
+    query_gallery_split,
 )
 from .stanford_products import StanfordOnlineProducts
 from .vehicle_id import VehicleID
@@ -44,5 +45,6 @@ __all__ = [
     "first_half_split",
     "load_mat",
     "mlrc_protocol",
+    "query_gallery_split",
     "splits",
 ]

@@ -11,12 +11,13 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
+from ..functional.revisited import GROUND_TRUTH_KEYS, check_ground_truth_entry
 from .images import DatasetFormatError, ImageListDataset
 from .labels import UNLABELED
 
 NAMES = ("roxford5k", "rparis6k")
 SPLITS = ("query", "database")
-GROUND_TRUTH_LISTS = ("easy", "hard", "junk")
+GROUND_TRUTH_LISTS = GROUND_TRUTH_KEYS
 
 # Globals a ground-truth pickle may name: what numpy arrays and scalars need under pickle
 # protocols 2-5 (numpy 1.x and 2.x module names; ``_codecs.encode`` and ``bytes`` rebuild byte
@@ -135,30 +136,11 @@ def _query_truth(path: Path, query: int, entry, num_db: int) -> dict:
             f"{where}['bbx'] must be [x1, y1, x2, y2] with 0 <= x1 < x2 and 0 <= y1 < y2, "
             f"got {entry['bbx']!r}"
         )
-    out: dict = {"bbx": box}
-    for key in GROUND_TRUTH_LISTS:
-        values = np.asarray(entry[key])
-        if values.size == 0:
-            values = np.zeros(0, np.int64)
-        elif values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
-            raise DatasetFormatError(f"{where}[{key!r}] must be a flat list of integer indices")
-        values = values.astype(np.int64)
-        bad = values[(values < 0) | (values >= num_db)]
-        if len(bad):
-            raise DatasetFormatError(
-                f"{where}[{key!r}] has index {int(bad[0])}, outside 'imlist' (0..{num_db - 1})"
-            )
-        if len(np.unique(values)) != len(values):
-            raise DatasetFormatError(f"{where}[{key!r}] lists an index twice")
-        out[key] = values
-    for i, a in enumerate(GROUND_TRUTH_LISTS):
-        for b in GROUND_TRUTH_LISTS[i + 1 :]:
-            common = np.intersect1d(out[a], out[b])
-            if len(common):
-                raise DatasetFormatError(
-                    f"{where}: index {int(common[0])} is in both {a!r} and {b!r}"
-                )
-    return out
+    try:
+        lists = check_ground_truth_entry(entry, where, num_db, "'imlist'")
+    except ValueError as e:
+        raise DatasetFormatError(str(e)) from None
+    return {"bbx": box, **lists}
 
 
 class RevisitedOxfordParis(ImageListDataset):
@@ -177,7 +159,7 @@ class RevisitedOxfordParis(ImageListDataset):
     database image ``i`` has class ``-(i + 1)``: every database image is alone in its class and
     no class is shared between the two splits, so PML's k-NN metrics
     (``AccuracyCalculator``) find no same-class pairs instead of treating the database as one
-    big class. Evaluate with :func:`pml_rank_plugins.config.revisited.revisited_evaluate`
+    big class. Evaluate with :func:`pml_rank_plugins.functional.revisited_evaluate`
     (query embeddings in query order, database embeddings in database order, ``gnd``).
 
     Attributes:

@@ -126,3 +126,32 @@ class LabeledSubset(Subset):
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         super().__init__(dataset, indices.tolist())
         self.labels = np.asarray(dataset.labels)[indices]
+
+
+def query_gallery_split(
+    labels, query_fraction: float = 0.5, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split item positions ``0..N-1`` into (query, gallery) *within* each class.
+
+    The item-level split of In-Shop-style retrieval, where query and gallery share classes (unlike
+    the class-disjoint splits above). Every class with >= 2 items puts
+    ``max(1, round(query_fraction * n))`` items (at most n - 1) into the query set and the rest
+    into the gallery, so every query has at least one same-class gallery item. Singleton classes
+    go to the gallery (they act as distractors). ``labels`` is the (N, 2) two-level array or a
+    1-D class array. O(N log N).
+    """
+    classes = _classes_of(labels)
+    if not 0.0 < query_fraction < 1.0:
+        raise ValueError(f"query_fraction must be in (0, 1), got {query_fraction}")
+    rng = np.random.default_rng(seed)
+    query, gallery = [], []
+    for c in np.unique(classes):
+        idx = np.flatnonzero(classes == c)
+        rng.shuffle(idx)
+        if len(idx) < 2:
+            gallery.extend(idx.tolist())
+            continue
+        nq = min(len(idx) - 1, max(1, int(round(query_fraction * len(idx)))))
+        query.extend(idx[:nq].tolist())
+        gallery.extend(idx[nq:].tolist())
+    return np.sort(np.array(query, dtype=np.int64)), np.sort(np.array(gallery, dtype=np.int64))

@@ -1,5 +1,6 @@
 """Pure tensor functions (torch only, no PML import)."""
 
+from .average_precision import ranked_average_precision
 from .euclidean import euclidean_distances
 from .histogram_ap import exact_average_precision, histogram_ap, tie_aware_histogram_ap
 from .ranked_list import (
@@ -9,6 +10,7 @@ from .ranked_list import (
     negative_weights,
     ranked_list_terms,
 )
+from .revisited import revisited_evaluate, revisited_map, revisited_ranks
 from .soft_histogram import PairHistogram, pair_categories, pair_histograms
 from .validation import (
     check_embedding_shape,
@@ -35,6 +37,10 @@ __all__ = [
     "negative_weights",
     "ranked_list_terms",
     "exact_average_precision",
+    "ranked_average_precision",
+    "revisited_evaluate",
+    "revisited_map",
+    "revisited_ranks",
     "histogram_ap",
     "tie_aware_histogram_ap",
     "PairHistogram",

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .average_precision import ranked_average_precision
+
 
 def histogram_ap(h_pos: torch.Tensor, h_neg: torch.Tensor, num_pos: torch.Tensor) -> torch.Tensor:
     """``(N,)`` FastAP / AP_Q: ``(1/N+) sum_l h+_l H+_l / H_l`` (FastAP eq. 14, Revaud eq. 11)."""
@@ -46,7 +48,5 @@ def exact_average_precision(scores: torch.Tensor, relevant: torch.Tensor) -> tor
     ``relevant`` (bool, ``(N, M)``) marking positives. Rows without a positive get 0.
     O(N M log M); not differentiable (a test oracle)."""
     order = torch.argsort(scores, dim=1, descending=True, stable=True)
-    ranked = torch.gather(relevant, 1, order).double()
-    hits = ranked.cumsum(dim=1)
-    ranks = torch.arange(1, relevant.shape[1] + 1, dtype=torch.float64, device=scores.device)
-    return (ranked * hits / ranks).sum(dim=1) / ranked.sum(dim=1).clamp_min(1)
+    ap = ranked_average_precision(torch.gather(relevant, 1, order))
+    return torch.nan_to_num(ap, nan=0.0)  # rows without a positive score 0

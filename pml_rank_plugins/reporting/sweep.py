@@ -21,8 +21,12 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import yaml
 
-from . import compare
-from .schema import ConfigError
+from ..experiment.methods import check_methods, collect_methods, slug
+from ..experiment.schema import ConfigError
+from ..running.pool import execute, make_jobs
+from .compare import write_pictures
+from .summary import primary_metric, summarize, write_outputs
+from .tables import metric_label
 
 
 def parse_grid(specs: Iterable[str]) -> dict[str, list[str]]:
@@ -75,22 +79,26 @@ def run_sweep(
     device: str | None = None,
     jobs: int = 1,
     pictures: bool = False,
+    data_root: str | None = None,
 ) -> dict:
     """Train ``method`` of ``config`` at every grid cell x seed; write ``sweep.*`` and plots.
 
     ``grid``: ``{key: [values]}`` or ``--grid`` strings. ``method`` may be None when the config
     has a single method. ``reference``: a cell name (default: the first cell). All cell configs
     are validated and their objects built before the first run (fail fast); failed runs are
-    reported, not fatal (``summary["failed"]``). Returns the summary dict.
+    reported, not fatal (``summary["failed"]``). ``data_root``: as in
+    :func:`.compare.run_comparison`. Returns the summary dict.
     """
     out_dir = Path(out_dir)
-    method, grid, cells, configs = prepare_sweep(config, method, grid, overrides, reference)
+    method, grid, cells, configs = prepare_sweep(
+        config, method, grid, overrides, reference, data_root
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    all_jobs = compare.make_jobs(configs, out_dir, seeds)
-    results = compare.execute(all_jobs, resume, device, jobs, desc="sweep")
-    primary = compare.primary_metric(next(iter(configs.values())))
-    summary = compare.summarize(results, reference=reference, primary=primary, label="cell")
+    all_jobs = make_jobs(configs, out_dir, seeds)
+    results = execute(all_jobs, resume, device, jobs, desc="sweep")
+    primary = primary_metric(next(iter(configs.values())))
+    summary = summarize(results, reference=reference, primary=primary, label="cell")
     summary.update(
         method=method,
         grid=grid,
@@ -100,8 +108,8 @@ def run_sweep(
         total_wall_seconds=time.perf_counter() - t0,
     )
     if pictures:
-        summary["pictures"] = compare.write_pictures(results, all_jobs, device)
-    compare.write_outputs(summary, results, out_dir, stem="sweep")
+        summary["pictures"] = write_pictures(results, all_jobs, device)
+    write_outputs(summary, results, out_dir, stem="sweep")
     summary["plots"] = [str(p) for p in write_sweep_plots(summary, out_dir)]
     (out_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -113,6 +121,7 @@ def prepare_sweep(
     grid: Mapping[str, Sequence[str]] | Sequence[str],
     overrides: Iterable[str] = (),
     reference: str | None = None,
+    data_root: str | None = None,
 ) -> tuple[str, dict, dict, dict]:
     """Validate everything before any run: returns ``(method, grid, cells, {cell: config})``.
 
@@ -125,7 +134,7 @@ def prepare_sweep(
         grid = parse_grid(grid)
     overrides = list(overrides)
     if method is None:
-        available = compare.collect_methods([config], overrides, None)
+        available = collect_methods([config], overrides, None, data_root)
         if len(available) != 1:
             raise ConfigError(
                 f"sweep: the config has methods {list(available)}; pick one: --method"
@@ -137,8 +146,8 @@ def prepare_sweep(
     configs = {}
     for name, assign in cells.items():
         sets = overrides + [f"{k}={v}" for k, v in assign.items()]
-        configs[name] = compare.collect_methods([config], sets, [method])[method]
-    compare.check_configs(configs)
+        configs[name] = collect_methods([config], sets, [method], data_root)[method]
+    check_methods(configs)
     return method, grid, cells, configs
 
 
@@ -162,7 +171,7 @@ def write_sweep_plots(summary: dict, out_dir: Path) -> list[Path]:
 
     grid, cells, rows = summary["grid"], summary["cells"], summary["rows"]
     primary = summary["primary_metric"]
-    label = compare.metric_label(primary)
+    label = metric_label(primary)
     paths = []
     for key, values in grid.items():
         xs = _numeric(values)
@@ -198,7 +207,7 @@ def write_sweep_plots(summary: dict, out_dir: Path) -> list[Path]:
         if others:
             ax.legend(fontsize=7)
         fig.tight_layout()
-        path = out_dir / f"sweep_{compare.slug(key)}.png"
+        path = out_dir / f"sweep_{slug(key)}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)

@@ -4,7 +4,7 @@ For each method: the datasets of every split (sizes and class counts; every fold
 protocol; query/database of every ``eval.revisited`` set), the transforms, the models (parameter
 counts), losses, miners, sampler, optimizers, lr schedulers, the trainer and the tester. One
 summary line per method; any config mistake raises the same error training would (a
-:class:`~pml_rank_plugins.config.schema.ConfigError`, an unknown name, a bad keyword, a missing
+:class:`~pml_rank_plugins.experiment.schema.ConfigError`, an unknown name, a bad keyword, a missing
 data folder or weights file), which the CLI prints with exit code 2.
 
 Cost: reading the annotation files and instantiating the models (no image is decoded, no batch
@@ -19,7 +19,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from . import builder, protocols
+from . import builder, mlrc
+from .datasets import build_splits
+from .methods import collect_methods
+from .revisited import build_revisited, revisited_entries
 from .schema import spec_name_and_kwargs
 
 
@@ -65,15 +68,15 @@ def _transforms_text(config: dict) -> str:
 def check_method(name: str, config: dict, device: str | None = None) -> str:
     """Build everything of one method; return its summary line."""
     dev = device or "cpu"
-    mlrc = protocols.is_mlrc(config) and protocols.mlrc_fold(config) is None
-    cfg = protocols.mlrc_fold_config(config, 0) if mlrc else copy.deepcopy(config)
+    all_folds = mlrc.is_mlrc(config) and mlrc.mlrc_fold(config) is None
+    cfg = mlrc.mlrc_fold_config(config, 0) if all_folds else copy.deepcopy(config)
     exp = builder.build_experiment(cfg, dev)
     builder.build_tester(cfg, exp.device)
     builder.make_trainer(exp)
-    if mlrc:
+    if all_folds:
         folds = [exp.datasets] + [
-            builder.build_splits(protocols.mlrc_fold_config(config, k), exp.seed)
-            for k in range(1, protocols.mlrc_num_folds(config))
+            build_splits(mlrc.mlrc_fold_config(config, k), exp.seed)
+            for k in range(1, mlrc.mlrc_num_folds(config))
         ]
         data = (
             f"MLRC {len(folds)} folds: "
@@ -85,8 +88,8 @@ def check_method(name: str, config: dict, device: str | None = None) -> str:
         )
     else:
         data = " ".join(f"{s} {_size(d)}" for s, d in exp.datasets.items())
-    for entry in protocols.revisited_entries(cfg):
-        query, database = protocols.build_revisited(cfg, entry)
+    for entry in revisited_entries(cfg):
+        query, database = build_revisited(cfg, entry)
         data += f" {entry['name']} q={len(query)} db={len(database)}"
     models = " ".join(f"{k}={type(m).__name__}({_params(m)})" for k, m in exp.models.items())
     losses = " ".join(f"{k}={_short(v)}" for k, v in exp.loss_funcs.items())
@@ -110,15 +113,15 @@ def check_configs(
     overrides: Iterable[str] = (),
     methods: Sequence[str] | None = None,
     device: str | None = None,
+    data_root: str | None = None,
 ) -> list[str]:
     """``== path`` then one summary line per method, for every config file (raises on the first
-    broken method). Dataset sizes read ``items/classes c``."""
-    from .compare import collect_methods
-
+    broken method). Dataset sizes read ``items/classes c``. ``data_root``: as in
+    :func:`.methods.collect_methods`."""
     lines = []
     for path in config_paths:
         lines.append(f"== {path}")
-        selected = collect_methods([path], overrides, None)
+        selected = collect_methods([path], overrides, None, data_root)
         if methods:
             selected = {m: c for m, c in selected.items() if m in methods}
         lines.extend(check_method(name, cfg, device) for name, cfg in selected.items())

@@ -1,5 +1,4 @@
-"""A run folder's safety rules: one live run at a time, nothing wiped by accident, clear errors
-for unreadable checkpoints.
+"""A run folder's safety rules: one live run at a time, nothing wiped by accident.
 
 * :func:`lock` takes an exclusive ``fcntl.flock`` on ``RUN_DIR/.lock`` for the whole run; a second
   run into the same folder is refused with :class:`RunFolderBusy` naming the folder and the
@@ -7,8 +6,7 @@ for unreadable checkpoints.
   clean up; the ``.lock`` file itself stays (deleting it would race with a waiting run).
 * :func:`prepare` refuses to start a fresh run in a folder that already holds one (finished or
   partial) unless ``overwrite`` is set, and then removes only the run's own outputs.
-* :func:`load_checkpoint` turns a truncated, empty or garbage checkpoint into
-  :class:`CheckpointError` naming the file and what to do.
+* Reading checkpoints safely is :mod:`.checkpoints`' job (:func:`.checkpoints.load_checkpoint`).
 * :func:`remove_partial_writes` deletes the ``.NAME.*.tmp`` files a killed
   ``atomic_torch_save`` leaves behind (only safe while holding the lock).
 """
@@ -19,13 +17,9 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 import shutil
-import zipfile
 from pathlib import Path
-from typing import Any, Iterator
-
-import torch
+from typing import Iterator
 
 LOGGER = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
@@ -39,10 +33,6 @@ class RunFolderError(RuntimeError):
 
 class RunFolderBusy(RunFolderError):
     """Another live process holds the run folder's lock."""
-
-
-class CheckpointError(RunFolderError):
-    """A checkpoint file cannot be read (truncated, empty, not a checkpoint)."""
 
 
 @contextlib.contextmanager
@@ -125,40 +115,3 @@ def remove_partial_writes(run_dir: str | Path) -> list[Path]:
         LOGGER.warning("removing %s, left by an interrupted checkpoint write", p)
         p.unlink(missing_ok=True)
     return leftovers
-
-
-_UNREADABLE = (
-    RuntimeError,
-    EOFError,
-    OSError,
-    pickle.UnpicklingError,
-    ValueError,
-    zipfile.BadZipFile,
-)
-
-
-def load_checkpoint(path: str | Path, required: tuple[str, ...] = ("epoch",)) -> dict:
-    """``torch.load`` a checkpoint to CPU; :class:`CheckpointError` if it cannot be read.
-
-    ``required``: top-level keys the checkpoint must have (a dict without them is someone else's
-    file, not one of ours).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint")
-    hint = (
-        "the file is truncated or corrupt (e.g. the disk filled up or it was copied partially). "
-        "Delete it and resume from an earlier copy, or start the run again with --overwrite"
-    )
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"{path}: checkpoint is empty: {hint}")
-    try:
-        ckpt: Any = torch.load(path, map_location="cpu", weights_only=False)
-    except _UNREADABLE as e:
-        raise CheckpointError(
-            f"{path}: cannot be read as a checkpoint ({type(e).__name__}: {e}); {hint}"
-        ) from e
-    missing = [k for k in required if not isinstance(ckpt, dict) or k not in ckpt]
-    if missing:
-        raise CheckpointError(f"{path}: not a pml-rank checkpoint (missing {missing}); {hint}")
-    return ckpt

@@ -1,6 +1,6 @@
 """Build the PML objects of one experiment from a validated config.
 
-Everything is resolved through :mod:`pml_rank_plugins.config.registry`, so the builder does not
+Everything is resolved through :mod:`pml_rank_plugins.experiment.registry`, so the builder does not
 care which dataset, model, loss or sampler class a config names. What the builder injects:
 
 * samplers get ``labels`` (the (N, 2) array for our samplers, the class column for PML's) and the
@@ -14,6 +14,7 @@ care which dataset, model, loss or sampler class a config names. What the builde
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,177 +23,25 @@ import torch
 
 from ..trainers import distributed as scaled
 from . import registry
-from .evaluation import DEFAULT_METRICS, make_accuracy_calculator, make_tester
-from .schema import ConfigError, is_object_spec, spec_name_and_kwargs
-from .splits import labeled_subset, query_gallery_split
+from .accuracy import DEFAULT_METRICS, make_accuracy_calculator, make_tester
+from .data_root import resolve_weights
+from .datasets import build_splits
+from .instantiate import _named_params, build_object, call_named, instantiate
+from .schema import ConfigError, spec_name_and_kwargs
 from .transforms import collate_for
 
 LOGGER = logging.getLogger(__name__)
 SCHEDULER_SUFFIXES = ("_scheduler_by_iteration", "_scheduler_by_epoch", "_scheduler_by_plateau")
 
 
-def instantiate(value: Any, where: str = "config", **injected) -> Any:
-    """Recursively turn object specs inside ``value`` into objects.
-
-    ``injected`` keywords are added to the outermost call when its signature accepts them and
-    the config does not already set them.
-    """
-    if is_object_spec(value):
-        return build_object(value, where, **injected)
-    if isinstance(value, dict):
-        return {k: instantiate(v, f"{where}.{k}") for k, v in value.items()}
-    if isinstance(value, list):
-        return [instantiate(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    return value
-
-
-def build_object(spec: Any, where: str, **injected) -> Any:
-    """Instantiate one ``{Name: kwargs}`` spec (a bare ``"Name"`` means no kwargs)."""
-    name, kwargs = spec_name_and_kwargs(spec, where)
-    obj = registry.resolve(name)
-    kwargs = {k: instantiate(v, f"{where}.{name}.{k}") for k, v in kwargs.items()}
-    registry.check_keywords(obj, kwargs, where)
-    accepted = registry.accepted_keywords(obj)
-    for k, v in injected.items():
-        if k not in kwargs and (accepted is None or k in accepted):
-            if accepted is None and k not in _named_params(obj):
-                continue
-            kwargs[k] = v
-    return call_named(where, name, obj, **kwargs)
-
-
-def call_named(where: str, name: str, fn, /, *args, **kwargs) -> Any:
-    """``fn(*args, **kwargs)``; an exception is re-raised with ``where: name:`` in front, so every
-    error while building an object names its config key (``optimizers.trunk_optimizer: Adam:
-    ...``). The type is kept where it takes a message (so callers can still catch it), else
-    :class:`ConfigError`; a ``TypeError`` also shows the signature."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as e:
-        prefix = f"{where}: {name}: "
-        if str(e).startswith(prefix):
-            raise
-        if isinstance(e, TypeError):
-            msg = f"{prefix}{e}; signature: {registry.signature_text(fn)}"
-            raise TypeError(msg) from e
-        raise _renamed(e, prefix) from e
-
-
-def _renamed(e: Exception, prefix: str) -> Exception:
-    if type(e) in (Exception, RuntimeError, KeyError, AssertionError):
-        return ConfigError(f"{prefix}{type(e).__name__}: {e}")
-    try:
-        return type(e)(f"{prefix}{e}")
-    except Exception:  # an exception class whose constructor wants more than a message
-        return ConfigError(f"{prefix}{type(e).__name__}: {e}")
-
-
-def _named_params(obj) -> set[str]:
-    try:
-        return {p.name for p in registry._init_params(obj)}
-    except (TypeError, ValueError):
-        return set()
-
-
 def seed_everything(seed: int) -> None:
-    import random
-
+    """Seed Python's, numpy's and torch's global generators."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
 # --------------------------------------------------------------------------- data
-
-
-def build_splits(config: dict, seed: int) -> dict[str, torch.utils.data.Dataset]:
-    """Datasets -> ``{split name: dataset}``.
-
-    Either one ``dataset`` cut by ``split:`` (``split: {<split function>: {...}, names: [train,
-    val, test], query_gallery: {test: [query, gallery], fraction: 0.5}}``; without ``split`` the
-    whole dataset is ``train``), or ``datasets: {split name: dataset spec}`` taking each split
-    from a reader's published split (``CUB200(split=test)``, In-Shop ``query``/``gallery``, ...).
-    ``split: {mlrc_protocol: {...}, fold: k}`` gives fold k of the MLRC protocol (see
-    :mod:`.protocols`). ``transforms.train`` feeds the ``train`` split, ``transforms.eval`` the
-    others; relative dataset paths are resolved against ``data_root``.
-    """
-    from . import protocols
-    from .transforms import build_transforms
-
-    transforms = build_transforms(config) or {}
-    if "datasets" in config and "dataset" in config:
-        raise ConfigError("give either 'dataset' (with 'split') or 'datasets', not both")
-    split = dict(config.get("split") or {})
-    if protocols.is_mlrc(config):
-        return protocols.mlrc_fold_splits(config, transforms)
-    if "datasets" in config:
-        if split:
-            raise ConfigError(
-                "split: with 'datasets' every split is given already; 'split' only takes "
-                "{mlrc_protocol: {...}} there (folds over datasets.trainval)"
-            )
-        specs = config["datasets"]
-        if not isinstance(specs, dict) or not specs:
-            raise ConfigError("datasets: expected {split name: {DatasetClass: {kwargs}}}")
-        return {
-            name: build_dataset(config, spec, f"datasets.{name}", transforms.get(_kind(name)))
-            for name, spec in specs.items()
-        }
-    dataset = build_dataset(config, config["dataset"], "dataset", transforms.get("eval"))
-    train_dataset = dataset
-    if transforms:
-        train_dataset = build_dataset(config, config["dataset"], "dataset", transforms["train"])
-        if not np.array_equal(np.asarray(train_dataset.labels), np.asarray(dataset.labels)):
-            raise ConfigError("dataset: two builds gave different labels (must be deterministic)")
-    names = list(split.pop("names", ["train", "test"]))
-    qg = dict(split.pop("query_gallery", None) or {})
-    split.pop("fold", None)
-    if not split:
-        return {"train": train_dataset}
-    fn_name, fn_kwargs = spec_name_and_kwargs(split, "split")
-    fn = registry.resolve(fn_name)
-    parts = call_named(
-        "split", fn_name, fn, np.asarray(dataset.labels), **instantiate(fn_kwargs, "split")
-    )
-    protocols.check_split_parts(fn_name, parts, names)
-
-    def subset(name, idx):
-        return labeled_subset(train_dataset if name == "train" else dataset, idx)
-
-    out = {n: subset(n, idx) for n, idx in zip(names, parts, strict=True)}
-    fraction = float(qg.pop("fraction", 0.5))
-    qg_seed = int(qg.pop("seed", 0))
-    for source, (qname, gname) in qg.items():
-        if source not in out:
-            raise ConfigError(f"split.query_gallery: no split named {source!r} in {names}")
-        base = out.pop(source)
-        base_idx = np.asarray(base.indices)
-        q, g = query_gallery_split(base.labels, fraction, qg_seed)
-        out[qname] = subset(qname, base_idx[q])
-        out[gname] = subset(gname, base_idx[g])
-    return out
-
-
-def _kind(split_name: str) -> str:
-    return "train" if split_name == "train" else "eval"
-
-
-def build_dataset(config: dict, spec: Any, where: str, transform=None):
-    """One dataset from its spec: paths resolved against ``data_root`` (missing folder: a
-    :class:`ConfigError` naming the key and the published archive), ``transform`` injected."""
-    from .data_root import resolve_dataset_spec
-
-    spec = resolve_dataset_spec(spec, where, config.get("data_root"))
-    name, kwargs = spec_name_and_kwargs(spec, where)
-    if transform is not None and kwargs.get("transform") is not None:
-        raise ConfigError(
-            f"{where}.{name}.transform: set either this or the top-level 'transforms', not both"
-        )
-    injected = {"transform": transform} if transform is not None else {}
-    dataset = build_object(spec, where, **injected)
-    if not hasattr(dataset, "labels"):
-        raise ConfigError(f"{where}: the dataset must expose .labels, the (N, 2) label array")
-    return dataset
 
 
 def build_sampler(config: dict, train_set, batch_size: int, seed: int):
@@ -211,8 +60,6 @@ def build_sampler(config: dict, train_set, batch_size: int, seed: int):
 
 
 def build_models(config: dict, device: torch.device) -> dict[str, torch.nn.Module]:
-    from .data_root import resolve_weights
-
     root = config.get("data_root")
     models = {
         k: build_object(resolve_weights(v, root), f"models.{k}")

@@ -64,13 +64,8 @@ def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _index_list(entry: Mapping, query: int, key: str) -> np.ndarray:
-    """``entry[key]`` as a 1-D int64 array of distinct non-negative indices, else ``ValueError``."""
-    if key not in entry:
-        raise ValueError(
-            f"gnd[{query}] has no key {key!r} (keys: {sorted(map(str, entry))}); "
-            "each query needs 'easy', 'hard' and 'junk' index lists"
-        )
+def _index_list(entry: Mapping, where: str, key: str, num_db: int | None, range_name: str):
+    """``entry[key]`` as a 1-D int64 array of distinct indices in ``[0, num_db)``."""
     values = np.asarray(entry[key])
     if values.size == 0:
         return np.zeros(0, np.int64)
@@ -78,13 +73,62 @@ def _index_list(entry: Mapping, query: int, key: str) -> np.ndarray:
         np.issubdtype(values.dtype, np.integer)
         or (np.issubdtype(values.dtype, np.floating) and np.all(np.mod(values, 1) == 0))
     ):
-        raise ValueError(f"gnd[{query}][{key!r}] must be a flat list of integer indices")
+        raise ValueError(f"{where}[{key!r}] must be a flat list of integer indices")
     values = values.astype(np.int64)
-    if (values < 0).any():
-        raise ValueError(f"gnd[{query}][{key!r}] has negative index {int(values.min())}")
+    if num_db is None:
+        if (values < 0).any():
+            raise ValueError(f"{where}[{key!r}] has negative index {int(values.min())}")
+    else:
+        bad = values[(values < 0) | (values >= num_db)]
+        if len(bad):
+            raise ValueError(
+                f"{where}[{key!r}] has index {int(bad[0])}, outside {range_name} "
+                f"(0..{num_db - 1})"
+            )
     if len(np.unique(values)) != len(values):
-        raise ValueError(f"gnd[{query}][{key!r}] lists an index twice")
+        raise ValueError(f"{where}[{key!r}] lists an index twice")
     return values
+
+
+def check_ground_truth_entry(
+    entry: Mapping, where: str, num_db: int | None = None, range_name: str = "the database"
+) -> dict[str, np.ndarray]:
+    """One query's ``easy``/``hard``/``junk`` lists, validated: the one ground-truth check used
+    by :func:`revisited_map` and by the dataset reader
+    (:class:`pml_rank_plugins.data.RevisitedOxfordParis`).
+
+    Args:
+        entry: the query's mapping (other keys such as ``bbx`` are ignored here).
+        where: how messages name the entry, e.g. ``"gnd[3]"``.
+        num_db: database size when known: indices must lie in ``0..num_db - 1`` (else only
+            non-negative).
+        range_name: how messages name that range (e.g. ``"'imlist'"``).
+
+    Returns:
+        ``{"easy", "hard", "junk"}`` -> int64 arrays, pairwise disjoint.
+
+    Raises:
+        ValueError: naming ``where``, the list and the problem (missing key, not a flat integer
+            list, an index out of range or repeated, a shared index).
+    """
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{where} must be a dict, got {type(entry).__name__}")
+    for key in GROUND_TRUTH_KEYS:
+        if key not in entry:
+            raise ValueError(
+                f"{where} has no key {key!r} (keys: {sorted(map(str, entry))}); "
+                "each query needs 'easy', 'hard' and 'junk' index lists"
+            )
+    lists = {key: _index_list(entry, where, key, num_db, range_name) for key in GROUND_TRUTH_KEYS}
+    for i, a in enumerate(GROUND_TRUTH_KEYS):
+        for b in GROUND_TRUTH_KEYS[i + 1 :]:
+            common = np.intersect1d(lists[a], lists[b])
+            if len(common):
+                raise ValueError(
+                    f"{where}: index {int(common[0])} is in both {a!r} and {b!r}; "
+                    "the lists must be disjoint"
+                )
+    return lists
 
 
 def _ground_truth(gnd: Sequence[Mapping], num_queries: int) -> list[dict[str, np.ndarray]]:
@@ -93,21 +137,7 @@ def _ground_truth(gnd: Sequence[Mapping], num_queries: int) -> list[dict[str, np
         raise ValueError("gnd must be a list with one dict per query (the pickle's 'gnd' entry)")
     if len(gnd) != num_queries:
         raise ValueError(f"gnd has {len(gnd)} queries but the ranking has {num_queries} columns")
-    out = []
-    for query, entry in enumerate(gnd):
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"gnd[{query}] must be a dict, got {type(entry).__name__}")
-        lists = {key: _index_list(entry, query, key) for key in GROUND_TRUTH_KEYS}
-        for i, a in enumerate(GROUND_TRUTH_KEYS):
-            for b in GROUND_TRUTH_KEYS[i + 1 :]:
-                common = np.intersect1d(lists[a], lists[b])
-                if len(common):
-                    raise ValueError(
-                        f"gnd[{query}]: index {int(common[0])} is in both {a!r} and {b!r}; "
-                        "the lists must be disjoint"
-                    )
-        out.append(lists)
-    return out
+    return [check_ground_truth_entry(entry, f"gnd[{q}]") for q, entry in enumerate(gnd)]
 
 
 def _as_ranks(ranks) -> np.ndarray:

@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..data.images import ImageListDataset
+from . import registry
 from .schema import ConfigError, is_object_spec, spec_name_and_kwargs
 
 ENV_VAR = "PML_RANK_DATA"
@@ -123,10 +125,6 @@ def resolve_dataset_spec(spec: Any, where: str, data_root: str | None) -> Any:
 
 def _is_file_dataset(name: str, short: str) -> bool:
     """Datasets read from files (not a cache folder they create, like GlyphDataset's)."""
-    from pml_rank_plugins.data.images import ImageListDataset
-
-    from . import registry
-
     if short in PUBLISHED:
         return True
     try:
@@ -136,14 +134,14 @@ def _is_file_dataset(name: str, short: str) -> bool:
     return isinstance(cls, type) and issubclass(cls, ImageListDataset)
 
 
-def data_root_override(flag: str | None) -> list[str]:
-    """``--set`` overrides for ``--data-root DIR`` (else ``$PML_RANK_DATA``), as absolute paths."""
+def resolve_data_root(flag: str | None) -> str | None:
+    """The data root for ``--data-root DIR`` (else ``$PML_RANK_DATA``), as an absolute path, or
+    None when neither is given. The value is set as the configs' ``data_root`` (a ``--set
+    data_root=...`` still wins)."""
     root = flag or default_data_root()
     if not root:
-        return []
-    import json
-
-    return [f"data_root={json.dumps(str(Path(root).expanduser().resolve()))}"]
+        return None
+    return str(Path(root).expanduser().resolve())
 
 
 def resolve_weights(value: Any, data_root: str | None) -> Any:

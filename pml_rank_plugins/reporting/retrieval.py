@@ -24,8 +24,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import builder
-from .schema import load_yaml
+from ..experiment import builder
+from ..experiment.schema import load_yaml
+from ..functional.average_precision import ranked_average_precision
+from ..running.checkpoints import choose_checkpoint, load_models
 
 FRAME = {"query": "#1f5fbf", "correct": "#1a9e1a", "wrong": "#d62020"}
 
@@ -42,19 +44,6 @@ def choose_queries(labels: Sequence[int], eligible: np.ndarray, num: int, seed: 
     rng = np.random.default_rng(seed)
     pick = rng.choice(eligible, size=min(num, len(eligible)), replace=False)
     return np.sort(pick)
-
-
-def average_precision(relevant_ranked: np.ndarray) -> np.ndarray:
-    """AP of each row of a (Q, R) boolean matrix of relevance in rank order; NaN without positives.
-
-    ``AP = (1/P) sum_k rel_k * (#rel in 1..k) / k``. O(Q R).
-    """
-    rel = np.asarray(relevant_ranked, dtype=np.float64)
-    hits = np.cumsum(rel, axis=1)
-    ranks = np.arange(1, rel.shape[1] + 1)
-    num_pos = rel.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (rel * hits / ranks).sum(axis=1) / num_pos
 
 
 def _split_entry(config: dict, datasets: dict) -> tuple[str, list[str]]:
@@ -83,13 +72,8 @@ def compute_retrieval(
     run_dir = Path(run_dir)
     config = load_yaml(run_dir / "config.yaml")
     exp = builder.build_experiment(config, device)
-    ckpt = run_dir / "checkpoints" / f"{which}.pt"
-    if not ckpt.exists():
-        ckpt = run_dir / "checkpoints" / "latest.pt"
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)
-    for name, sd in state["models"].items():
-        if name in exp.models:
-            exp.models[name].load_state_dict(sd)
+    ckpt = choose_checkpoint(run_dir, which)
+    load_models(exp.models, ckpt)
     qname, refs = _split_entry(config, exp.datasets)
     tester = builder.build_tester(config, exp.device)
     trunk, embedder = exp.models["trunk"], exp.models.get("embedder", torch.nn.Identity())
@@ -109,7 +93,7 @@ def compute_retrieval(
     num_ref = sim.shape[1] - int(same_set)
     order = torch.argsort(sim, dim=1, descending=True)[:, :num_ref].numpy()
     relevant = r_lab[order] == q_lab[:, None]
-    ap = average_precision(relevant)
+    ap = ranked_average_precision(torch.from_numpy(relevant)).numpy()
     eligible = relevant.any(axis=1)
     chosen = choose_queries(q_lab, eligible, num_queries, seed)
     worst = np.flatnonzero(eligible)[np.argsort(ap[eligible], kind="stable")[:num_queries]]

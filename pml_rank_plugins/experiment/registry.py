@@ -64,8 +64,7 @@ PLUGIN_SUBPACKAGES = (
     "pml_rank_plugins.data",
     "pml_rank_plugins.data.splits",
     "pml_rank_plugins.models",
-    "pml_rank_plugins.config.splits",
-    "pml_rank_plugins.config.evaluation",
+    "pml_rank_plugins.experiment.accuracy",
 )
 TORCH_MODULES = (
     "torch.optim",

@@ -1,6 +1,6 @@
-"""Configs shipped inside the package (``pml_rank_plugins/configs/*.yaml``), usable by name.
+"""Configs shipped inside the package (``pml_rank_plugins/experiment/configs/*.yaml``), usable by name.
 
-``pml-rank compare default`` runs ``pml_rank_plugins/configs/default.yaml`` from any working
+``pml-rank compare default`` runs ``pml_rank_plugins/experiment/configs/default.yaml`` from any working
 directory, also from an installed wheel. A path that exists always wins over a shipped name.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .schema import ConfigError
 
-PACKAGE = "pml_rank_plugins.configs"
+PACKAGE = "pml_rank_plugins.experiment.configs"
 
 
 def shipped_configs() -> dict[str, Path]:

@@ -22,8 +22,12 @@ import platform
 from dataclasses import dataclass
 from typing import Any
 
+import pytorch_metric_learning
 import torch
 import torch.distributed as dist
+
+from .. import __version__
+from ..trainers.distributed import world_size
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -123,10 +127,6 @@ def is_main_process() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def barrier() -> None:
     """``dist.barrier()`` when a process group exists, else nothing."""
     if world_size() > 1:
@@ -158,10 +158,6 @@ def run_info(ctx: DistContext, amp: dict | None = None) -> dict:
 
     Collective under torch.distributed (every rank must call it).
     """
-    import pytorch_metric_learning
-
-    import pml_rank_plugins
-
     device = str(ctx.device)
     if ctx.device.type == "cuda":
         device += f" ({torch.cuda.get_device_name(ctx.device)})"
@@ -176,7 +172,7 @@ def run_info(ctx: DistContext, amp: dict | None = None) -> dict:
         "amp": amp,
         "torch": torch.__version__,
         "pytorch_metric_learning": pytorch_metric_learning.__version__,
-        "pml_rank_plugins": pml_rank_plugins.__version__,
+        "pml_rank_plugins": __version__,
         "python": platform.python_version(),
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
     }

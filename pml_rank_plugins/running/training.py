@@ -1,4 +1,4 @@
-"""Train / resume / evaluate one experiment with PML's trainer, tester and logging presets.
+"""Train one run (one config, one folder) with PML's trainer, tester and logging presets.
 
 Run directory layout::
 
@@ -13,28 +13,35 @@ Run directory layout::
 Each epoch is one call to PML's ``trainer.train(start_epoch=e, num_epochs=e)`` preceded by
 ``sampler.set_epoch(e)``, so an epoch's batches depend only on the checkpointed state: a run
 interrupted after epoch e and resumed reaches bit-identical weights to an uninterrupted one.
+MLRC configs (one run per fold) are dispatched by :func:`pml_rank_plugins.running.runner.train`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
-import os
-import random
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from pytorch_metric_learning.utils import logging_presets
 
-from . import builder, distributed, faults, protocols, run_folder
-from .schema import MISSING, ConfigError, config_diff, dump_yaml, load_yaml, validate
-from .transforms import collate_for
+from ..experiment import builder
+from ..experiment.schema import dump_yaml, load_yaml, validate
+from . import distributed, nonfinite, run_folder
+from .checkpoints import (
+    atomic_torch_save,
+    load_checkpoint,
+    load_state_dicts,
+    make_checkpoint,
+    restore_checkpoint,
+    rng_state,
+    set_rng_state,
+    state_dicts,
+)
+from .evaluate import revisited_eval, run_eval, split_name
+from .resume import check_resume_config, plateaued
 
 LOGGER = logging.getLogger(__name__)
 LOG_FREQ = 10
@@ -52,142 +59,7 @@ def plain(value: Any) -> Any:
 # --------------------------------------------------------------------------- checkpoints
 
 
-def atomic_torch_save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` to a temporary file in the same folder, then ``os.replace`` (atomic)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def rng_state() -> dict:
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _state_dicts(objs: dict) -> dict:
-    return {k: v.state_dict() for k, v in objs.items() if hasattr(v, "state_dict")}
-
-
-def _load_state_dicts(objs: dict, states: dict) -> None:
-    for k, s in states.items():
-        if k in objs:
-            objs[k].load_state_dict(s)
-
-
-def sampler_state(sampler) -> Any:
-    """The sampler's state: ``state_dict()`` if it has one, else a copy of its attributes.
-
-    PML's ``MPerClassSampler`` reshuffles its own label list in place every epoch, so the
-    sampler object itself carries state that the RNG states alone do not capture.
-    """
-    if sampler is None:
-        return None
-    if hasattr(sampler, "state_dict"):
-        return {"state_dict": sampler.state_dict()}
-    return {"attributes": copy.deepcopy(vars(sampler))}
-
-
-def load_sampler_state(sampler, state) -> None:
-    if sampler is None or state is None:
-        return
-    if "state_dict" in state:
-        sampler.load_state_dict(state["state_dict"])
-    else:
-        vars(sampler).update(copy.deepcopy(state["attributes"]))
-
-
-def make_checkpoint(exp: builder.Experiment, epoch: int, history: list, best: dict) -> dict:
-    sampler = exp.sampler
-    return {
-        "epoch": epoch,
-        "models": _state_dicts(exp.models),
-        "optimizers": _state_dicts(exp.optimizers),
-        "lr_schedulers": _state_dicts(exp.lr_schedulers),
-        "loss_funcs": _state_dicts(exp.loss_funcs),
-        "mining_funcs": _state_dicts(exp.mining_funcs),
-        "sampler": sampler_state(sampler),
-        "rng": rng_state(),
-        "extra": _state_dicts({k: v for k, v in exp.extra.items() if v is not None}),
-        "history": history,
-        "best": best,
-    }
-
-
-def restore_checkpoint(exp: builder.Experiment, ckpt: dict) -> None:
-    _load_state_dicts(exp.models, ckpt["models"])
-    _load_state_dicts(exp.optimizers, ckpt["optimizers"])
-    _load_state_dicts(exp.lr_schedulers, ckpt["lr_schedulers"])
-    _load_state_dicts(exp.loss_funcs, ckpt["loss_funcs"])
-    _load_state_dicts(exp.mining_funcs, ckpt["mining_funcs"])
-    load_sampler_state(exp.sampler, ckpt.get("sampler"))
-    _load_state_dicts(exp.extra, ckpt.get("extra", {}))  # e.g. the float16 GradScaler
-    set_rng_state(ckpt["rng"])
-
-
-def load_checkpoint(path: str | Path) -> dict:
-    """Read a checkpoint to CPU; :class:`run_folder.CheckpointError` (naming the file and what to
-    do) when it is missing, truncated, empty or not a checkpoint."""
-    return run_folder.load_checkpoint(path)
-
-
 # --------------------------------------------------------------------------- metrics
-
-
-def strip_level(accuracies: dict) -> dict:
-    """PML keys ``precision_at_1_level0`` -> ``precision_at_1`` (level 0 = class labels)."""
-    out = {}
-    for k, v in accuracies.items():
-        if k == "epoch":
-            continue
-        out[k[: -len("_level0")] if k.endswith("_level0") else k] = float(v)
-    return out
-
-
-def run_eval(tester, exp: builder.Experiment, entries: list, epoch: int) -> dict:
-    """``{query split: {metric: value}}`` for the config split entries (PML tester)."""
-    s2e = builder.splits_to_eval(copy.deepcopy(entries), exp.datasets)
-    if not s2e:
-        return {}
-    names = {q for q, _ in s2e} | {r for _, refs in s2e for r in refs}
-    datasets = {n: exp.datasets[n] for n in names}
-    collate = collate_for(datasets[s2e[0][0]], "evaluation")  # unequal sizes: name the key
-    all_acc = tester.test(
-        datasets,
-        epoch,
-        exp.models["trunk"],
-        exp.models["embedder"],
-        splits_to_eval=s2e,
-        collate_fn=collate,
-    )
-    return {split: strip_level(acc) for split, acc in all_acc.items()}
-
-
-def _split_name(entry) -> str:
-    return entry if isinstance(entry, str) else entry["query"]
 
 
 # --------------------------------------------------------------------------- logging
@@ -210,40 +82,9 @@ def make_logging(run_dir: Path, primary_metric: str, val_split: str | None, resu
 
 # --------------------------------------------------------------------------- train
 
-# Config keys that may change when resuming: they extend or shorten the budget, nothing else.
-BUDGET_KEYS = ("trainer.*.num_epochs", "eval.patience", "eval.test_interval")
 
-
-def check_resume_config(saved: dict, config: dict, saved_path: Path) -> None:
-    """Raise ``ConfigError`` listing every changed key except :data:`BUDGET_KEYS`."""
-    changed = [d for d in config_diff(saved, config) if not _is_budget_key(d[0])]
-    if changed:
-        shown = "; ".join(f"{path}: {_show(old)} -> {_show(new)}" for path, old, new in changed)
-        raise ConfigError(
-            f"--resume: config differs from {saved_path} in {shown}. Only the budget "
-            f"({', '.join(BUDGET_KEYS)}) may change on resume; train the changed config into "
-            "another --out (or pass --overwrite without --resume to start again)"
-        )
-
-
-def _is_budget_key(path: str) -> bool:
-    parts = path.split(".")
-    return any(
-        len(parts) == len(pat.split("."))
-        and all(p == q or q == "*" for p, q in zip(parts, pat.split(".")))
-        for pat in BUDGET_KEYS
-    )
-
-
-def _show(value: Any) -> str:
-    return "<absent>" if value is MISSING else repr(value)
-
-
-def _plateaued(patience: int | None, best: dict, epoch: int) -> bool:
-    return patience is not None and best["epoch"] is not None and epoch - best["epoch"] > patience
-
-
-def _load_config(config: dict | None, run_dir: Path) -> dict:
+def load_run_config(config: dict | None, run_dir: Path) -> dict:
+    """``config`` (else ``RUN_DIR/config.yaml``) as plain lists and dicts, validated."""
     saved_cfg = run_dir / "config.yaml"
     if config is None:
         if not saved_cfg.exists():
@@ -269,8 +110,8 @@ def _prepare(config: dict, run_dir: Path, resume: bool, overwrite: bool) -> bool
     return resuming
 
 
-def train(
-    config: dict | None,
+def train_run(
+    config: dict,
     run_dir: str | Path,
     resume: bool = False,
     stop_after_epoch: int | None = None,
@@ -279,19 +120,16 @@ def train(
 ) -> dict:
     """Train one experiment into ``run_dir`` and return the ``metrics.json`` content.
 
-    ``resume=True`` continues from ``checkpoints/latest.pt`` (``config`` may be ``None`` to reuse
-    ``run_dir/config.yaml``; only :data:`BUDGET_KEYS` may differ from it, e.g. more epochs to
-    extend a finished run). Without ``resume``, a folder that already holds a run is refused
+    ``config``: a config as :func:`load_run_config` returns it. ``resume=True`` continues from
+    ``checkpoints/latest.pt`` (only :data:`.resume.BUDGET_KEYS` may differ from the saved config,
+    e.g. more epochs to extend a finished run). Without ``resume``, a folder that already holds a run is refused
     unless ``overwrite``. The folder is locked for the whole call (:func:`run_folder.lock`; under
     torchrun by rank 0, which alone writes files and evaluates). ``stop_after_epoch`` stops
     early as if interrupted (for tests and budgeted runs); the run can then be resumed. A
-    non-finite loss or gradient raises :class:`faults.NonFiniteError`; any failure during
+    non-finite loss or gradient raises :class:`.nonfinite.NonFiniteError`; any failure during
     training is recorded in ``metrics.json`` (``"status": "failed"``).
     """
     run_dir = Path(run_dir)
-    config = _load_config(config, run_dir)
-    if protocols.is_mlrc(config) and protocols.mlrc_fold(config) is None:  # one run per fold
-        return protocols.train_mlrc(config, run_dir, resume, stop_after_epoch, device)
     # torchrun: one process per device; only rank 0 writes files and evaluates
     ctx = distributed.setup(device or config.get("device"))
     with contextlib.ExitStack() as stack:
@@ -316,9 +154,9 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx) -> dict
     exp = builder.build_experiment(config, ctx.device)
     ev = builder.eval_settings(config)
     val_entries = list(ev["validation"] or [])
-    val_entries = [e for e in val_entries if _split_name(e) in exp.datasets]
+    val_entries = [e for e in val_entries if split_name(e) in exp.datasets]
     primary = ev["primary_metric"]
-    val_split = _split_name(val_entries[0]) if val_entries else None
+    val_split = split_name(val_entries[0]) if val_entries else None
 
     history: list[dict] = []
     best = {"epoch": None, "value": None}
@@ -328,7 +166,7 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx) -> dict
         restore_checkpoint(exp, ckpt)
         history, best = ckpt["history"], ckpt["best"]
         # Re-judged with the (possibly changed) patience, so a longer patience continues it.
-        stopped_early = _plateaued(ev["patience"], best, ckpt["epoch"])
+        stopped_early = plateaued(ev["patience"], best, ckpt["epoch"])
         start_epoch = exp.num_epochs + 1 if stopped_early else ckpt["epoch"] + 1
         LOGGER.info("resuming %s at epoch %d", run_dir, start_epoch)
 
@@ -336,7 +174,7 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx) -> dict
     if main:
         record_keeper, tb_writer, hooks = make_logging(run_dir, primary, val_split, resuming)
         tester = builder.build_tester(config, exp.device, hooks.end_of_testing_hook)
-    check = faults.NonFiniteCheck(chained=hooks.end_of_iteration_hook if main else None)
+    check = nonfinite.NonFiniteCheck(chained=hooks.end_of_iteration_hook if main else None)
     trainer = builder.make_trainer(exp, end_of_iteration_hook=check)
 
     epoch = start_epoch
@@ -359,13 +197,13 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx) -> dict
                     best = {"epoch": epoch, "value": value}
                     if main:
                         atomic_torch_save(
-                            {"epoch": epoch, "models": _state_dicts(exp.models)},
+                            {"epoch": epoch, "models": state_dicts(exp.models)},
                             run_dir / "checkpoints" / "best.pt",
                         )
             history.append(row)
             if record_keeper is not None:
                 record_keeper.save_records()
-            if _plateaued(ev["patience"], best, epoch):
+            if plateaued(ev["patience"], best, epoch):
                 LOGGER.info(
                     "validation %s plateaued for %s epochs; stopping", primary, ev["patience"]
                 )
@@ -410,16 +248,14 @@ def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx)
     """Final test with the best validation epoch's weights (the last epoch's without validation)."""
     main = ctx.is_main
     ev = builder.eval_settings(config)
-    val_entries = [e for e in list(ev["validation"] or []) if _split_name(e) in exp.datasets]
+    val_entries = [e for e in list(ev["validation"] or []) if split_name(e) in exp.datasets]
     test_entries = list(ev["test"] or [])
     if best["epoch"] is not None and main:
-        _load_state_dicts(
-            exp.models, load_checkpoint(run_dir / "checkpoints" / "best.pt")["models"]
-        )
+        load_state_dicts(exp.models, load_checkpoint(run_dir / "checkpoints" / "best.pt")["models"])
     final_epoch = best["epoch"] if best["epoch"] is not None else history[-1]["epoch"]
     test = run_eval(tester, exp, test_entries, final_epoch) if test_entries and main else {}
     if main:  # eval.revisited test sets (Revisited Oxford / Paris)
-        test = {**test, **protocols.revisited_eval(config, exp.models, tester)}
+        test = {**test, **revisited_eval(config, exp.models, tester)}
     test = distributed.broadcast_object(test)
     if not test and val_entries and best["epoch"] is not None:
         test = next(h["validation"] for h in history if h["epoch"] == best["epoch"])
@@ -456,42 +292,3 @@ def _record_failure(config, run_dir: Path, exp, history, best, error: Exception,
     }
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     LOGGER.error("%s: training failed in epoch %d: %s", run_dir, epoch, metrics["error"])
-
-
-def evaluate(
-    run_dir: str | Path,
-    which: str = "best",
-    device: str | None = None,
-    data_root: str | None = None,
-) -> dict:
-    """Rebuild a finished/interrupted run, load ``which`` weights and evaluate every eval split.
-
-    Writes and returns ``RUN_DIR/eval.json``: ``{split: {metric: value}}``. ``data_root``
-    replaces the saved config's (data moved since training).
-    """
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise run_folder.RunFolderError(
-            f"{run_dir / 'config.yaml'} not found: {run_dir} is not a run folder (give the --out "
-            "of a `pml-rank train` run)"
-        )
-    config = load_yaml(run_dir / "config.yaml")
-    if data_root is not None:
-        config["data_root"] = str(data_root)
-    if protocols.is_mlrc(config) and protocols.mlrc_fold(config) is None:
-        return protocols.evaluate_mlrc(run_dir, which, device, data_root)
-    path = run_dir / "checkpoints" / f"{which}.pt"
-    if not path.exists():
-        path = run_dir / "checkpoints" / "latest.pt"
-    ckpt = load_checkpoint(path)  # before building: a corrupt file fails in a second
-    exp = builder.build_experiment(config, device)
-    _load_state_dicts(exp.models, ckpt["models"])
-    ev = builder.eval_settings(config)
-    entries = [e for e in list(ev["validation"] or []) + list(ev["test"] or [])]
-    entries = [e for e in entries if _split_name(e) in exp.datasets]
-    tester = builder.build_tester(config, exp.device)
-    out = {"checkpoint": path.name, "epoch": ckpt["epoch"]}
-    out.update(run_eval(tester, exp, entries, ckpt["epoch"]))
-    out.update(protocols.revisited_eval(config, exp.models, tester))
-    (run_dir / "eval.json").write_text(json.dumps(out, indent=2))
-    return out

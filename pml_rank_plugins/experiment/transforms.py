@@ -31,6 +31,7 @@ import torch
 import torchvision
 from torch.utils.data import default_collate
 
+from .instantiate import build_object
 from .schema import ConfigError
 
 SPLIT_KINDS = ("train", "eval")
@@ -50,7 +51,6 @@ def build_transforms(config: dict) -> dict[str, NamedCompose] | None:
     A missing ``eval`` entry is an error (train-time augmentation must not run at test time);
     a missing ``train`` entry reuses ``eval``.
     """
-    from .builder import build_object
 
     spec = config.get("transforms")
     if spec is None:

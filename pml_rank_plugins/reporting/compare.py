@@ -1,0 +1,108 @@
+"""Side-by-side comparison: several methods x several seeds -> tables with 95% CIs, paired tests.
+
+Every (method, seed) is an ordinary :func:`pml_rank_plugins.running.runner.train` run in ``OUT/<method>/seed<i>``; runs
+of different methods with the same seed are *paired* (same data order, same initial weights where
+the model config is shared). The table reports, per method and test metric (at the best
+validation epoch), mean +- 95% CI half-width (Student t) over the runs, and the paired difference
+against a reference method with its 95% CI, paired t-test and (n >= 6) Wilcoxon p-values; see
+:mod:`.statistics`. Outputs in ``OUT``: ``comparison.md``, ``comparison.csv`` (percent, like the
+Markdown), ``summary.json`` (every number, metrics as fractions), ``val_map_at_r.png`` (validation
+primary metric vs epoch, 95% band), ``recall_at_k.png`` (test Recall@K, 95% error bars),
+``differences.png`` (paired differences vs the reference) and per method ``retrieval.png`` /
+``worst_queries.png`` (:mod:`.retrieval`).
+
+Fault isolation: a run that raises (crash, non-finite loss, a bad object) is recorded in
+``RUN_DIR/failed.json`` and in the table; the other runs complete. Config errors are found
+before the first run (:func:`.methods.check_methods`) and stop everything at once.
+``--resume`` reuses finished runs (``metrics.json``), retries failed ones and re-summarizes:
+:func:`.summary.summarize_dir` recomputes the tables from the run folders alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from ..experiment.methods import check_methods, collect_methods
+from ..running import distributed
+from ..running.pool import Job, execute, is_failed, make_jobs
+from . import retrieval
+from .summary import primary_metric, summarize, write_outputs
+
+LOGGER = logging.getLogger(__name__)
+
+
+def run_comparison(
+    configs: Sequence[str | Path | Mapping] | str | Path | Mapping,
+    out_dir: str | Path,
+    seeds: int = 1,
+    overrides: Iterable[str] = (),
+    methods: Sequence[str] | None = None,
+    resume: bool = False,
+    device: str | None = None,
+    reference: str | None = None,
+    jobs: int = 1,
+    pictures: bool = True,
+    overwrite: bool = False,
+    data_root: str | None = None,
+) -> dict:
+    """Train every method with seeds ``seed, seed+1, ...``; write tables, plots and pictures.
+
+    ``configs``: YAML paths and/or config dicts. ``reference``: the method the others are compared
+    with (default: the first). ``jobs``: worker processes. With ``resume`` a finished run
+    (``metrics.json`` present) is reused, an interrupted one continued and a failed one retried;
+    otherwise a folder holding an earlier run is refused unless ``overwrite``. ``data_root``: the
+    configs' ``data_root`` (``--data-root``; a ``--set data_root=...`` wins). Returns the summary
+    dict (see :func:`.summary.summarize`); ``summary["failed"]`` lists failed runs (the CLI then
+    exits non-zero).
+    """
+    out_dir = Path(out_dir)
+    selected = collect_methods(configs, overrides, methods, data_root)
+    if reference is not None and reference not in selected:
+        raise ValueError(f"--reference {reference!r}: not one of the methods {list(selected)}")
+    check_methods(selected)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_all = time.perf_counter()
+    all_jobs = make_jobs(selected, out_dir, seeds)
+    results = execute(all_jobs, resume, device, jobs, desc="compare", overwrite=overwrite)
+    primary = primary_metric(next(iter(selected.values())))
+    summary = summarize(results, reference=reference, primary=primary)
+    summary["total_wall_seconds"] = time.perf_counter() - t_all
+    summary["seeds"] = seeds
+    summary["jobs"] = jobs
+    if distributed.is_main_process():  # under torchrun: rank 0 writes
+        if pictures:
+            summary["pictures"] = write_pictures(results, all_jobs, device)
+        write_outputs(summary, results, out_dir)
+    distributed.barrier()
+    return summary
+
+
+def write_pictures(results: dict, jobs: Sequence[Job], device: str | None) -> dict:
+    """Retrieval pictures for the first successful run of each name, into ``<name>/``."""
+    out = {}
+    for name, by_run in results.items():
+        job = next(
+            (j for j in jobs if j.name == name and not is_failed(by_run.get(j.run_id, {}))),
+            None,
+        )
+        if job is None:
+            continue
+        try:
+            paths = retrieval.write_retrieval_pictures(job.run_dir, job.run_dir.parent, device)
+            out[name] = [str(p) for p in paths]
+        except Exception as e:  # noqa: BLE001 -- pictures are a bonus; never lose the table
+            LOGGER.warning("retrieval pictures for %s failed: %s: %s", name, type(e).__name__, e)
+            out[name] = f"failed: {type(e).__name__}: {e}"
+    return out
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+# --------------------------------------------------------------------------- tables
+
+
+# --------------------------------------------------------------------------- plots

@@ -1,0 +1,154 @@
+"""Summary statistics of many runs: ``{name: {run_id: metrics}}`` -> rows with 95% CIs and paired
+differences against a reference, and the outputs written from them.
+
+Runs of different methods with the same seed are *paired* (same data order, same initial weights
+where the model config is shared). :func:`summarize` reports, per method and test metric (at the
+best validation epoch), mean, 95% CI (Student t) and, against the reference, the paired
+difference with its CI, paired t-test and (n >= 6) Wilcoxon p-values (:mod:`.statistics`).
+:func:`summarize_dir` recomputes everything from the run folders alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from ..experiment.schema import load_yaml
+from ..running.pool import FAILED_FILE, is_failed
+from . import statistics
+from .plots import write_plots
+from .tables import DEFAULT_PRIMARY, markdown_table, metric_order, test_metrics, write_csv
+
+
+def primary_metric(config: dict) -> str:
+    """The config's ``eval.primary_metric`` (default MAP@R)."""
+    return str((config.get("eval") or {}).get("primary_metric") or DEFAULT_PRIMARY)
+
+
+def write_outputs(summary: dict, results: dict, out_dir: Path, stem: str = "comparison") -> None:
+    """``<stem>.md``, ``<stem>.csv``, ``summary.json`` and the plots."""
+    label = summary.get("label", "method")
+    (out_dir / f"{stem}.md").write_text(markdown_table(summary, label))
+    write_csv(summary, out_dir / f"{stem}.csv", label)
+    json_name = "summary.json" if stem == "comparison" else f"{stem}.json"
+    (out_dir / json_name).write_text(json.dumps(summary, indent=2))
+    write_plots(results, out_dir, summary)
+
+
+def summarize(
+    results: Mapping[str, Mapping[str, dict]],
+    reference: str | None = None,
+    primary: str = DEFAULT_PRIMARY,
+    label: str = "method",
+) -> dict:
+    """Statistics over ``results[name][run_id]`` (metrics.json contents or failure records).
+
+    Returns ``{"metrics", "primary_metric", "reference", "confidence", "unit", "label",
+    "run_ids", "rows": {name: {metric: {n, mean, std, ci_low, ci_high, ci_half_width, values,
+    run_ids}, "seconds", "best_epoch", "n_runs", "n_failed", "failed"}}, "differences": {name:
+    {metric: paired statistics vs the reference}}, "failed": [{name, run_id, error}]}``.
+    Metric values are fractions (as PML reports them); the Markdown and CSV show percent.
+    """
+    metrics: list[str] = []
+    run_ids: list[str] = []
+    ok: dict[str, dict[str, dict]] = {}
+    failed = []
+    for name, by_run in results.items():
+        ok[name] = {}
+        for rid, m in by_run.items():
+            if rid not in run_ids:
+                run_ids.append(rid)
+            if is_failed(m):
+                failed.append({label: name, "run_id": rid, "error": m.get("error", "?")})
+                continue
+            ok[name][rid] = test_metrics(m)
+            for k in ok[name][rid]:
+                if k not in metrics:
+                    metrics.append(k)
+    metrics.sort(key=metric_order)
+    if reference is not None and reference not in results:
+        raise ValueError(f"reference {reference!r} is not one of {list(results)}")
+    stats = statistics.describe_runs(ok, metrics, reference)
+    rows = {}
+    for name, by_run in results.items():
+        row = dict(stats["stats"][name])
+        good = [m for m in by_run.values() if not is_failed(m)]
+        secs = [
+            float(m.get("wall_seconds", m.get("train_seconds_this_call", np.nan))) for m in good
+        ]
+        row["seconds"] = {
+            "mean": float(np.mean(secs)) if secs else None,
+            "values": secs,
+        }
+        row["best_epoch"] = {
+            rid: m.get("best", {}).get("epoch") for rid, m in by_run.items() if not is_failed(m)
+        }
+        row["n_runs"] = len(by_run)
+        row["n_failed"] = len(by_run) - len(good)
+        row["failed"] = {rid: m.get("error", "?") for rid, m in by_run.items() if is_failed(m)}
+        rows[name] = row
+    return {
+        "label": label,
+        "metrics": metrics,
+        "primary_metric": primary,
+        "reference": stats["reference"],
+        "confidence": stats["confidence"],
+        "unit": "fraction (0-1); the .md and .csv tables show percent",
+        "run_ids": run_ids,
+        "rows": rows,
+        "differences": stats["differences"],
+        "failed": failed,
+    }
+
+
+def load_run_dirs(out_dir: str | Path) -> dict[str, dict[str, dict]]:
+    """``{name: {run_id: metrics or failure}}`` from ``OUT/<name>/<run_id>/`` folders alone.
+
+    The name is the one recorded in ``metrics.json``/``failed.json`` (the folder is a slug);
+    folders are read in the order of an existing ``summary.json`` when there is one.
+    """
+    out_dir = Path(out_dir)
+    found: dict[str, dict[str, dict]] = {}
+    for run_dir in sorted(p.parent for p in out_dir.glob("*/*/config.yaml")):
+        if (run_dir / FAILED_FILE).exists():  # written after the runner's metrics.json
+            m = json.loads((run_dir / FAILED_FILE).read_text())
+        elif (run_dir / "metrics.json").exists():
+            m = json.loads((run_dir / "metrics.json").read_text())
+        else:
+            continue  # interrupted: neither finished nor failed
+        name = m.get("name") or run_dir.parent.name
+        found.setdefault(name, {})[run_dir.name] = m
+    for by_run in found.values():
+        ordered = sorted(by_run, key=lambda r: (len(r), r))  # seed2 before seed10
+        by_run_sorted = {r: by_run[r] for r in ordered}
+        by_run.clear()
+        by_run.update(by_run_sorted)
+    order: list[str] = []
+    for prev in ("summary.json", "sweep.json"):
+        if (out_dir / prev).exists():
+            order = list(json.loads((out_dir / prev).read_text()).get("rows", {}))
+            break
+    names = [n for n in order if n in found] + sorted(n for n in found if n not in order)
+    return {n: found[n] for n in names}
+
+
+def summarize_dir(out_dir: str | Path, reference: str | None = None, write: bool = True) -> dict:
+    """Recompute the comparison tables of ``out_dir`` from its run folders (no training).
+
+    Useful after changing the statistics or adding seeds: ``summarize_dir("runs/omniglot")``
+    rewrites ``comparison.md``/``.csv``/``summary.json`` and the plots.
+    """
+    out_dir = Path(out_dir)
+    results = load_run_dirs(out_dir)
+    if not results:
+        raise FileNotFoundError(f"{out_dir}: no finished or failed runs (*/seed*/metrics.json)")
+    cfg_file = next(out_dir.glob("*/*/config.yaml"), None)
+    primary = primary_metric(load_yaml(cfg_file)) if cfg_file else DEFAULT_PRIMARY
+    summary = summarize(results, reference=reference, primary=primary)
+    summary["seeds"] = max(len(r) for r in results.values())
+    if write:
+        write_outputs(summary, results, out_dir)
+    return summary

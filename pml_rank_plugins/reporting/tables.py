@@ -1,0 +1,188 @@
+"""The comparison tables: Markdown (``comparison.md``) and CSV (``comparison.csv``), in percent.
+
+Each row: per metric the mean +- 95% CI half-width over the runs (Student t), the number of runs
+(failed ones counted), the wall time, and against the reference method the paired difference
+with its 95% CI and p-values (:mod:`.statistics`).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import statistics
+
+METRIC_LABELS = {
+    "precision_at_1": "P@1",
+    "r_precision": "RP",
+    "mean_average_precision_at_r": "MAP@R",
+}
+DEFAULT_PRIMARY = "mean_average_precision_at_r"
+
+
+def test_metrics(m: dict) -> dict:
+    """The first test entry's metrics as they are, every further entry's prefixed by its name
+    (``"separated precision_at_1"`` for the MLRC protocol, whose first entry is
+    ``concatenated``; ``"test1600 recall_at_1"`` for VehicleID's three test sets)."""
+    test = m.get("test") or {}
+    out: dict = {}
+    for i, (entry, metrics) in enumerate(test.items()):
+        out.update({(k if i == 0 else f"{entry} {k}"): v for k, v in metrics.items()})
+    return out
+
+
+def metric_label(metric: str) -> str:
+    if " " in metric:  # a further test entry's metric (see _test_metrics)
+        entry, base = metric.rsplit(" ", 1)
+        return f"{entry} {metric_label(base)}"
+    if metric.startswith("recall_at_"):
+        return "R@" + metric[len("recall_at_") :]
+    return METRIC_LABELS.get(metric, metric)
+
+
+def metric_order(k: str):
+    """Sort key: P@1, RP, MAP@R, then Recall@K by K, then others, then further test entries."""
+    if " " in k:  # further test entries after the first entry's metrics, same order inside
+        entry, base = k.rsplit(" ", 1)
+        return (3, entry, metric_order(base))
+    fixed = list(METRIC_LABELS)
+    if k in fixed:
+        return (0, fixed.index(k), 0)
+    if k.startswith("recall_at_"):
+        return (1, 0, int(k[len("recall_at_") :]))
+    return (2, 0, 0)
+
+
+def _n_cell(row: dict) -> str:
+    n_ok = row["n_runs"] - row["n_failed"]
+    return f"{n_ok}" + (f" ({row['n_failed']} failed)" if row["n_failed"] else "")
+
+
+def markdown_table(summary: dict, label: str = "method") -> str:
+    """Means with 95% CIs, then paired differences vs the reference, then failed runs."""
+    metrics = summary["metrics"]
+    primary = summary.get("primary_metric", DEFAULT_PRIMARY)
+    head = [label, "n"] + [metric_label(m) for m in metrics] + ["time/run (s)"]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
+    for name, row in summary["rows"].items():
+        cells = [name, _n_cell(row)]
+        if row["n_runs"] == row["n_failed"]:
+            err = next(iter(row["failed"].values()), "?")
+            cells += [f"failed: {_short(err)}"] + [""] * (len(metrics) - 1) + ["-"]
+        else:
+            cells += [statistics.format_mean_ci(row.get(m)) for m in metrics]
+            secs = row["seconds"]["mean"]
+            cells.append("-" if secs is None else f"{secs:.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    seeds = summary.get("seeds")
+    text = "\n".join(lines) + "\n\n"
+    text += (
+        "Test metrics in %, at the best validation epoch: mean ± half-width of the 95% confidence"
+        f" interval (Student t) over n runs{f' (seeds, up to {seeds})' if seeds else ''}.\n"
+    )
+    ref = summary.get("reference")
+    diffs = summary.get("differences") or {}
+    if ref is not None and diffs:
+        pl = metric_label(primary)
+        head = [label, "n pairs"] + [f"Δ{metric_label(m)}" for m in metrics]
+        head += [f"p t-test ({pl})", f"p Wilcoxon ({pl})", f"{pl} vs {ref}"]
+        text += f"\nPaired differences vs **{ref}** (same seeds), in points of %:\n\n"
+        text += "| " + " | ".join(head) + " |\n| " + " | ".join(["---"] * len(head)) + " |\n"
+        for name, row in diffs.items():
+            d = row.get(primary)
+            cells = [name, str(d["n"]) if d else "0"]
+            cells += [statistics.format_difference(row.get(m)) for m in metrics]
+            cells += [
+                statistics.format_p(d and d["p_ttest"]),
+                statistics.format_p(d and d["p_wilcoxon"]),
+                verdict(d),
+            ]
+            text += "| " + " | ".join(cells) + " |\n"
+        text += (
+            "\nΔ = method − reference, mean ± 95% CI half-width of the paired differences; `*`: the"
+            " CI excludes 0. p: two-sided paired t-test (scipy.stats.ttest_rel) and Wilcoxon"
+            " signed-rank test (only when n >= 6).\n"
+        )
+    if summary.get("failed"):
+        text += "\nFailed runs:\n\n"
+        for f in summary["failed"]:
+            text += (
+                f"- {f.get(label, f.get('method'))} / {f['run_id']}: {_short(f['error'], 300)}\n"
+            )
+    return text
+
+
+def verdict(d: dict | None) -> str:
+    """``higher``/``lower`` when the 95% CI of the paired difference excludes 0, else
+    ``inconclusive`` (or ``n=1, no CI``)."""
+    if not d:
+        return "-"
+    if d["ci_excludes_zero"] is None:
+        return f"n={d['n']}, no CI"
+    if not d["ci_excludes_zero"]:
+        return "inconclusive"
+    return "higher" if d["mean"] > 0 else "lower"
+
+
+def _short(text: str, limit: int = 80) -> str:
+    text = " ".join(str(text).split()).replace("|", "/")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _pct(x: Any) -> str:
+    return "" if x is None else f"{100 * x:.6f}"
+
+
+def _num(x: Any) -> str:
+    return "" if x is None else f"{x:.6g}"
+
+
+def csv_header(metrics: Sequence[str], label: str = "method") -> list[str]:
+    cols = [label, "n_runs", "n_failed"]
+    for m in metrics:
+        cols += [
+            f"{m}_mean_pct",
+            f"{m}_std_pct",
+            f"{m}_ci95_low_pct",
+            f"{m}_ci95_high_pct",
+            f"{m}_ci95_half_width_pct",
+            f"{m}_diff_vs_reference_pct",
+            f"{m}_diff_ci95_low_pct",
+            f"{m}_diff_ci95_high_pct",
+            f"{m}_diff_n_pairs",
+            f"{m}_diff_p_ttest",
+            f"{m}_diff_p_wilcoxon",
+        ]
+    return cols + ["reference", "seconds_per_run", "errors"]
+
+
+def write_csv(summary: dict, path: Path, label: str = "method") -> None:
+    """One row per method; metric columns in percent (``_pct``), p-values as fractions."""
+    metrics = summary["metrics"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(csv_header(metrics, label))
+        for name, row in summary["rows"].items():
+            d_row = (summary.get("differences") or {}).get(name, {})
+            cells = [name, row["n_runs"], row["n_failed"]]
+            for m in metrics:
+                st = row.get(m) or {}
+                d = d_row.get(m) or {}
+                cells += [
+                    _pct(st.get("mean")),
+                    _pct(st.get("std")),
+                    _pct(st.get("ci_low")),
+                    _pct(st.get("ci_high")),
+                    _pct(st.get("ci_half_width")),
+                    _pct(d.get("mean")),
+                    _pct(d.get("ci_low")),
+                    _pct(d.get("ci_high")),
+                    d.get("n", ""),
+                    _num(d.get("p_ttest")),
+                    _num(d.get("p_wilcoxon")),
+                ]
+            secs = row["seconds"]["mean"]
+            errors = "; ".join(f"{r}: {e}" for r, e in row["failed"].items())
+            cells += [summary.get("reference") or "", "" if secs is None else f"{secs:.2f}", errors]
+            w.writerow(cells)

@@ -1,0 +1,49 @@
+"""Running experiments: one run, the MLRC protocol, many runs in worker processes.
+
+``runner`` is the entry point (``train``/``evaluate`` a run folder; MLRC configs go through
+``mlrc``), ``training`` is the epoch loop of one run, ``evaluate`` scores a run, ``checkpoints``
+saves and loads run state, ``resume`` says what may change on ``--resume``, ``run_folder`` holds
+the folder's lock and overwrite rules, ``nonfinite`` stops a run at the first NaN/inf,
+``distributed`` is the torchrun glue and ``pool`` runs many jobs (``--jobs K``) with failure
+isolation.
+
+Import direction: imports :mod:`pml_rank_plugins.experiment`; imported by
+:mod:`pml_rank_plugins.reporting`.
+"""
+
+from .checkpoints import CheckpointError, atomic_torch_save, choose_checkpoint, load_checkpoint
+from .distributed import barrier, is_main_process, shutdown
+from .evaluate import evaluate_run, read_run_config
+from .mlrc import evaluate_mlrc, train_mlrc
+from .nonfinite import NonFiniteCheck, NonFiniteError
+from .pool import FAILED_FILE, Job, execute, is_failed, make_jobs, run_job
+from .run_folder import RunFolderBusy, RunFolderError
+from .runner import evaluate, train
+from .training import train_run
+
+__all__ = [
+    "FAILED_FILE",
+    "CheckpointError",
+    "Job",
+    "NonFiniteCheck",
+    "NonFiniteError",
+    "RunFolderBusy",
+    "RunFolderError",
+    "atomic_torch_save",
+    "barrier",
+    "choose_checkpoint",
+    "evaluate",
+    "evaluate_mlrc",
+    "evaluate_run",
+    "execute",
+    "is_failed",
+    "is_main_process",
+    "load_checkpoint",
+    "make_jobs",
+    "read_run_config",
+    "run_job",
+    "shutdown",
+    "train",
+    "train_mlrc",
+    "train_run",
+]

@@ -1,0 +1,173 @@
+"""Running the MLRC protocol: one ordinary run per fold, then the concatenated/separated test.
+
+The protocol (Musgrave, Belongie, Lim, ECCV 2020) and its config are described in
+:mod:`pml_rank_plugins.experiment.mlrc`. :func:`train_mlrc` trains fold k into ``RUN_DIR/fold<k>``
+(each an ordinary run of :func:`.training.train_run`), then :func:`mlrc_test` embeds the test
+splits with every fold's weights and writes ``RUN_DIR/metrics.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..experiment import builder
+from ..experiment.datasets import build_splits
+from ..experiment.mlrc import mlrc_fold_config, mlrc_num_folds
+from ..experiment.schema import ConfigError, dump_yaml
+from .checkpoints import choose_checkpoint, load_models
+from .evaluate import evaluate_run, read_run_config
+from .training import load_run_config, train_run
+
+MLRC_OUTPUTS = ("concatenated", "separated")
+
+
+def train_mlrc(
+    config: dict,
+    run_dir: str | Path,
+    resume: bool = False,
+    stop_after_epoch: int | None = None,
+    device: str | None = None,
+) -> dict:
+    """Train every fold into ``run_dir/fold<k>`` then write the protocol's ``metrics.json``."""
+    run_dir = Path(run_dir)
+    t0 = time.perf_counter()
+    if not resume:
+        for stale in ("metrics.json", "eval.json"):
+            (run_dir / stale).unlink(missing_ok=True)
+        for old in run_dir.glob("fold*"):
+            shutil.rmtree(old, ignore_errors=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_yaml(config, run_dir / "config.yaml")
+    fold_metrics = []
+    for k in range(mlrc_num_folds(config)):
+        fold_dir = run_dir / f"fold{k}"
+        done = fold_dir / "metrics.json"
+        if resume and done.exists():
+            m = json.loads(done.read_text())
+        else:
+            fold_config = load_run_config(mlrc_fold_config(config, k), fold_dir)
+            m = train_run(fold_config, fold_dir, resume, stop_after_epoch, device)
+        if "interrupted_after_epoch" in m:
+            return {"interrupted_after_epoch": m["interrupted_after_epoch"], "fold": k}
+        fold_metrics.append(m)
+    test = mlrc_test(config, run_dir, "best", device, [m["test"] for m in fold_metrics])
+    metrics = {
+        "name": config.get("name", run_dir.name),
+        "seed": int(config.get("seed", 0)),
+        "protocol": "mlrc",
+        "num_folds": len(fold_metrics),
+        "epochs_run": [m["epochs_run"] for m in fold_metrics],
+        "stopped_early": [m["stopped_early"] for m in fold_metrics],
+        "best": {
+            "epoch": [m["best"]["epoch"] for m in fold_metrics],
+            "value": _mean([m["best"]["value"] for m in fold_metrics]),
+        },
+        "history": _mean_history([m["history"] for m in fold_metrics]),
+        "test": test["test"],
+        "embedding_dim": test["embedding_dim"],
+        "folds": [
+            {"run_dir": f"fold{k}", "best": m["best"], "test": m["test"]}
+            for k, m in enumerate(fold_metrics)
+        ],
+        "train_seconds_this_call": time.perf_counter() - t0,
+    }
+    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def evaluate_mlrc(
+    run_dir: str | Path, which: str = "best", device: str | None = None, data_root=None
+) -> dict:
+    """Re-evaluate every fold (``fold<k>/eval.json``) and the concatenated/separated test."""
+    run_dir = Path(run_dir)
+    config = read_run_config(run_dir, data_root)
+    folds = [
+        evaluate_run(run_dir / f"fold{k}", which, device, data_root)
+        for k in range(mlrc_num_folds(config))
+    ]
+    out = mlrc_test(config, run_dir, which, device, folds)
+    out["folds"] = folds
+    (run_dir / "eval.json").write_text(json.dumps(out, indent=2))
+    return out
+
+
+def mlrc_test(config: dict, run_dir: Path, which: str, device, fold_tests: list[dict]) -> dict:
+    """``{"test": {concatenated, separated}, "embedding_dim": {...}}`` for the test entries.
+
+    ``fold_tests[k]`` is fold k's ``{split: metrics}`` (from its own run); ``separated`` is their
+    mean. ``concatenated`` embeds the test splits with every fold's ``which`` weights,
+    concatenates along the feature axis (k x dim) and scores with the configured calculator.
+    """
+    ev = builder.eval_settings(config)
+    cfg0 = mlrc_fold_config(config, 0)
+    dev = torch.device(device or config.get("device") or "cpu")
+    datasets = build_splits(cfg0, int(config.get("seed", 0)))
+    s2e = builder.splits_to_eval(copy.deepcopy(list(ev["test"] or [])), datasets)
+    if not s2e:
+        raise ConfigError("eval.test: the MLRC protocol needs a test entry (e.g. test: [test])")
+    tester = builder.build_tester(config, dev)
+    needed = sorted({q for q, _ in s2e} | {r for _, refs in s2e for r in refs})
+    per_fold: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = []
+    for k in range(len(fold_tests)):
+        fold_dir = run_dir / f"fold{k}"
+        models = builder.build_models(mlrc_fold_config(config, k), dev)
+        load_models(models, choose_checkpoint(fold_dir, which))
+        per_fold.append(
+            {
+                name: tester.get_all_embeddings(datasets[name], models["trunk"], models["embedder"])
+                for name in needed
+            }
+        )
+    calc = tester.accuracy_calculator
+    single = len(s2e) == 1
+    test: dict[str, dict] = {}
+    for q, refs in s2e:
+        query = torch.cat([f[q][0] for f in per_fold], dim=1)
+        q_labels = _class_labels(per_fold[0][q][1])
+        ref = torch.cat([torch.cat([f[r][0] for f in per_fold], dim=1) for r in refs])
+        r_labels = torch.cat([_class_labels(per_fold[0][r][1]) for r in refs])
+        acc = calc.get_accuracy(query, q_labels, ref, r_labels, ref_includes_query=q in refs)
+        sep = {}
+        for metric in sorted({m for t in fold_tests for m in t.get(q, {})}):
+            sep[metric] = _mean([t.get(q, {}).get(metric) for t in fold_tests])
+        names = MLRC_OUTPUTS if single else tuple(f"{q} {o}" for o in MLRC_OUTPUTS)
+        test[names[0]] = {m: float(v) for m, v in acc.items()}
+        test[names[1]] = sep
+    dim = int(per_fold[0][needed[0]][0].shape[1])
+    return {"test": test, "embedding_dim": {"concatenated": dim * len(per_fold), "separated": dim}}
+
+
+def _class_labels(labels: torch.Tensor) -> torch.Tensor:
+    return labels[:, 0] if labels.ndim == 2 else labels
+
+
+def _mean(values) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def _mean_history(histories: list[list[dict]]) -> list[dict]:
+    """Per epoch, the mean over folds of each validation metric (folds that ran that epoch)."""
+    by_epoch: dict[int, dict[str, dict[str, list[float]]]] = {}
+    for history in histories:
+        for row in history:
+            for split, metrics in (row.get("validation") or {}).items():
+                slot = by_epoch.setdefault(row["epoch"], {}).setdefault(split, {})
+                for m, v in metrics.items():
+                    slot.setdefault(m, []).append(v)
+    return [
+        {
+            "epoch": e,
+            "validation": {
+                s: {m: float(np.mean(v)) for m, v in ms.items()} for s, ms in by_epoch[e].items()
+            },
+        }
+        for e in sorted(by_epoch)
+    ]

@@ -1,0 +1,46 @@
+"""The resume policy: what may change when a run is continued, and when a run has plateaued.
+
+``--resume`` continues a run from its ``latest.pt``. Only the budget (:data:`BUDGET_KEYS`) may
+differ from the saved ``config.yaml``, so a finished run can be extended with more epochs or a
+longer patience; any other change is refused with the list of changed keys.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..experiment.schema import MISSING, ConfigError, config_diff
+
+# Config keys that may change when resuming: they extend or shorten the budget, nothing else.
+BUDGET_KEYS = ("trainer.*.num_epochs", "eval.patience", "eval.test_interval")
+
+
+def check_resume_config(saved: dict, config: dict, saved_path: Path) -> None:
+    """Raise ``ConfigError`` listing every changed key except :data:`BUDGET_KEYS`."""
+    changed = [d for d in config_diff(saved, config) if not _is_budget_key(d[0])]
+    if changed:
+        shown = "; ".join(f"{path}: {_show(old)} -> {_show(new)}" for path, old, new in changed)
+        raise ConfigError(
+            f"--resume: config differs from {saved_path} in {shown}. Only the budget "
+            f"({', '.join(BUDGET_KEYS)}) may change on resume; train the changed config into "
+            "another --out (or pass --overwrite without --resume to start again)"
+        )
+
+
+def _is_budget_key(path: str) -> bool:
+    parts = path.split(".")
+    return any(
+        len(parts) == len(pat.split("."))
+        and all(p == q or q == "*" for p, q in zip(parts, pat.split(".")))
+        for pat in BUDGET_KEYS
+    )
+
+
+def _show(value: Any) -> str:
+    return "<absent>" if value is MISSING else repr(value)
+
+
+def plateaued(patience: int | None, best: dict, epoch: int) -> bool:
+    """True when ``patience`` is set and the best epoch lies more than ``patience`` epochs back."""
+    return patience is not None and best["epoch"] is not None and epoch - best["epoch"] > patience

@@ -1,0 +1,61 @@
+"""Train or evaluate a run folder: the entry points ``pml-rank train`` and ``eval`` call.
+
+A config with ``split: {mlrc_protocol: ...}`` and no ``split.fold`` is the MLRC protocol (one run
+per fold, :mod:`.mlrc`); every other config is one run (:mod:`.training`, :mod:`.evaluate`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..experiment.mlrc import is_mlrc, mlrc_fold
+from .evaluate import evaluate_run, read_run_config
+from .mlrc import evaluate_mlrc, train_mlrc
+from .training import load_run_config, train_run
+
+
+def _all_folds(config: dict) -> bool:
+    return is_mlrc(config) and mlrc_fold(config) is None
+
+
+def train(
+    config: dict | None,
+    run_dir: str | Path,
+    resume: bool = False,
+    stop_after_epoch: int | None = None,
+    device: str | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Train ``config`` into ``run_dir`` and return the ``metrics.json`` content.
+
+    ``resume=True`` continues from ``checkpoints/latest.pt`` (``config`` may be ``None`` to reuse
+    ``run_dir/config.yaml``; only :data:`.resume.BUDGET_KEYS` may differ from it, e.g. more epochs
+    to extend a finished run). Without ``resume``, a folder that already holds a run is refused
+    unless ``overwrite``. The folder is locked for the whole call (:func:`.run_folder.lock`; under
+    torchrun by rank 0, which alone writes files and evaluates). ``stop_after_epoch`` stops early
+    as if interrupted (for tests and budgeted runs); the run can then be resumed. A non-finite
+    loss or gradient raises :class:`.nonfinite.NonFiniteError`; any failure during training is
+    recorded in ``metrics.json`` (``"status": "failed"``). MLRC configs train every fold.
+    """
+    run_dir = Path(run_dir)
+    config = load_run_config(config, run_dir)
+    if _all_folds(config):  # one run per fold
+        return train_mlrc(config, run_dir, resume, stop_after_epoch, device)
+    return train_run(config, run_dir, resume, stop_after_epoch, device, overwrite)
+
+
+def evaluate(
+    run_dir: str | Path,
+    which: str = "best",
+    device: str | None = None,
+    data_root: str | None = None,
+) -> dict:
+    """Rebuild a finished/interrupted run, load ``which`` weights and evaluate every eval split.
+
+    Writes and returns ``RUN_DIR/eval.json``: ``{split: {metric: value}}`` (for MLRC, every fold
+    and the concatenated/separated test). ``data_root`` replaces the saved config's (data moved
+    since training).
+    """
+    if _all_folds(read_run_config(run_dir, data_root)):
+        return evaluate_mlrc(run_dir, which, device, data_root)
+    return evaluate_run(run_dir, which, device, data_root)
