@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from pml_rank_plugins.cli import _parser, main
-from pml_rank_plugins.config.schema import dump_yaml
-from tests.config.tiny import tiny_config
+from pml_rank_plugins.experiment.schema import dump_yaml
+from tests.tiny import tiny_config
 
 
 @pytest.fixture

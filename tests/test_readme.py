@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from pml_rank_plugins.cli import _parser
-from pml_rank_plugins.config import builder, registry
-from pml_rank_plugins.config.schema import (
+from pml_rank_plugins.experiment import builder, registry
+from pml_rank_plugins.experiment.schema import (
     TOP_LEVEL_KEYS,
     deep_merge,
     expand_methods,

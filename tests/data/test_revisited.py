@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from pml_rank_plugins.config.revisited import revisited_evaluate
 from pml_rank_plugins.data import DatasetFormatError, RevisitedOxfordParis
 from pml_rank_plugins.data.revisited import load_ground_truth
+from pml_rank_plugins.functional.revisited import revisited_evaluate
 
 from .fixtures import write_jpeg
 

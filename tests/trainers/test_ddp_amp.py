@@ -8,12 +8,14 @@ import pytest
 import torch
 from pytorch_metric_learning.trainers import MetricLossOnly
 
-from pml_rank_plugins.config import builder, runner
-from pml_rank_plugins.config.schema import ConfigError
+from pml_rank_plugins.experiment import builder
+from pml_rank_plugins.experiment.schema import ConfigError
 from pml_rank_plugins.losses import FastAPLoss
+from pml_rank_plugins.running import runner
+from pml_rank_plugins.running.checkpoints import load_checkpoint
 from pml_rank_plugins.trainers import DistributedMetricLossOnly, distributed_trainer_class
 from pml_rank_plugins.trainers.distributed import make_grad_scaler, parse_amp
-from tests.config.tiny import tiny_config
+from tests.tiny import tiny_config
 
 
 class RecordingLoss(torch.nn.Module):
@@ -107,7 +109,7 @@ def test_runner_trains_with_bfloat16_autocast(tmp_path):
     assert metrics["run_info"]["amp"] == {"dtype": "bfloat16"}
     saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert saved["run_info"]["amp"] == {"dtype": "bfloat16"}
-    weights = runner.load_checkpoint(tmp_path / "run" / "checkpoints" / "latest.pt")["models"]
+    weights = load_checkpoint(tmp_path / "run" / "checkpoints" / "latest.pt")["models"]
     initial = builder.build_experiment(cfg).models["trunk"].state_dict()
     assert all(torch.isfinite(v).all() for v in weights["trunk"].values())
     assert not torch.equal(weights["trunk"]["fc.weight"], initial["fc.weight"])
@@ -119,8 +121,8 @@ def test_float16_grad_scaler_state_is_checkpointed_and_resumed(tmp_path):
     runner.train(cfg, tmp_path / "a")
     runner.train(cfg, tmp_path / "b", stop_after_epoch=1)
     runner.train(None, tmp_path / "b", resume=True)
-    a = runner.load_checkpoint(tmp_path / "a" / "checkpoints" / "latest.pt")
-    b = runner.load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")
+    a = load_checkpoint(tmp_path / "a" / "checkpoints" / "latest.pt")
+    b = load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")
     assert a["extra"]["grad_scaler"] == b["extra"]["grad_scaler"]
     assert a["extra"]["grad_scaler"]["scale"] > 0
     for k, v in a["models"]["trunk"].items():

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from pml_rank_plugins import cli
-from pml_rank_plugins.config.schema import expand_methods, load_yaml
-from tests.config.benchmark_fixtures import WRITERS, write_all
+from pml_rank_plugins.experiment.schema import expand_methods, load_yaml
+from tests.data.benchmark_fixtures import WRITERS, write_all
 
-BENCHMARKS = Path(cli.__file__).resolve().parent / "configs" / "benchmarks"
+BENCHMARKS = Path(cli.__file__).resolve().parent / "experiment" / "configs" / "benchmarks"
 NAMES = sorted(WRITERS)
 
 

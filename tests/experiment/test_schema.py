@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from pml_rank_plugins.config.registry import UnknownNameError
-from pml_rank_plugins.config.schema import (
+from pml_rank_plugins.experiment.registry import UnknownNameError
+from pml_rank_plugins.experiment.schema import (
     ConfigError,
     apply_set,
     deep_merge,
@@ -19,7 +19,7 @@ from pml_rank_plugins.config.schema import (
     parse_set,
     validate,
 )
-from tests.config.tiny import tiny_config
+from tests.tiny import tiny_config
 
 
 def test_is_object_spec():
@@ -147,7 +147,7 @@ def test_exponent_floats_are_floats(tmp_path):
 
 
 def test_lr_written_1e_3_trains(tmp_path):
-    from pml_rank_plugins.config import builder
+    from pml_rank_plugins.experiment import builder
 
     path = tmp_path / "c.yaml"
     cfg = tiny_config()
@@ -169,7 +169,7 @@ def test_lr_written_1e_3_trains(tmp_path):
     ],
 )  # fmt: skip
 def test_build_errors_name_the_config_key(where, spec, pattern):
-    from pml_rank_plugins.config import builder
+    from pml_rank_plugins.experiment import builder
 
     cfg = tiny_config()
     cfg[where] = spec
@@ -178,7 +178,7 @@ def test_build_errors_name_the_config_key(where, spec, pattern):
 
 
 def test_pml_cross_batch_memory_with_our_loss_points_to_ours():
-    from pml_rank_plugins.config import builder
+    from pml_rank_plugins.experiment import builder
 
     memory = {"loss": {"pml_rank_plugins.FastAPLoss": {}}, "embedding_size": 16}
     cfg = tiny_config(loss_funcs={"metric_loss": {"CrossBatchMemory": memory}})

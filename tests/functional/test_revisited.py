@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pml_rank_plugins.config.revisited import (
+from pml_rank_plugins.functional.revisited import (
     average_precision,
     revisited_evaluate,
     revisited_map,

@@ -7,9 +7,9 @@ from pathlib import Path
 import yaml
 
 from pml_rank_plugins import cli
-from pml_rank_plugins.config.schema import expand_methods, load_yaml
+from pml_rank_plugins.experiment.schema import expand_methods, load_yaml
 
-CONFIGS = Path(cli.__file__).resolve().parent / "configs"
+CONFIGS = Path(cli.__file__).resolve().parent / "experiment" / "configs"
 
 
 def test_check_prints_one_line_per_method(capsys):

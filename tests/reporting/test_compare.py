@@ -12,10 +12,13 @@ import pytest
 import torch
 from pytorch_metric_learning.losses import ContrastiveLoss
 
+from pml_rank_plugins import reporting
 from pml_rank_plugins.cli import main
-from pml_rank_plugins.config import compare, registry
-from pml_rank_plugins.config.schema import dump_yaml
-from tests.config.tiny import tiny_config
+from pml_rank_plugins.experiment import registry
+from pml_rank_plugins.experiment.schema import dump_yaml
+from pml_rank_plugins.reporting import compare
+from pml_rank_plugins.running import RunFolderError, runner
+from tests.tiny import tiny_config
 
 
 class CrashingLoss(ContrastiveLoss):
@@ -126,7 +129,7 @@ def test_csv_and_markdown_agree_and_summaries_recompute_from_run_folders(tmp_pat
     checked = 0
     for method, cells in md_rows.items():
         for metric in summary["metrics"]:
-            cell = cells[header.index(compare.metric_label(metric))]
+            cell = cells[header.index(reporting.metric_label(metric))]
             mean, half = (float(x) for x in re.fullmatch(r"(-?[\d.]+) ± ([\d.]+)", cell).groups())
             row = csv_rows[method]
             assert mean == pytest.approx(float(row[f"{metric}_mean_pct"]), abs=0.005)
@@ -143,7 +146,7 @@ def test_csv_and_markdown_agree_and_summaries_recompute_from_run_folders(tmp_pat
     assert row["reference"] == "MultiSimilarity"
     # The run folders alone give the same summary (what `compare --resume` relies on).
     (out / "summary.json").unlink()
-    again = compare.summarize_dir(out, reference="MultiSimilarity")
+    again = reporting.summarize_dir(out, reference="MultiSimilarity")
     assert (
         again["rows"]["Contrastive"]["r_precision"] == summary["rows"]["Contrastive"]["r_precision"]
     )
@@ -195,8 +198,8 @@ def test_compare_into_a_used_folder_is_refused_unless_resume_or_overwrite(
         calls.append((run_dir.name, resume, overwrite))
         raise RuntimeError("stop here: only the arguments matter")
 
-    monkeypatch.setattr(compare.runner, "train", fake_train)
-    with pytest.raises(compare.run_folder.RunFolderError, match="--overwrite") as info:
+    monkeypatch.setattr(runner, "train", fake_train)
+    with pytest.raises(RunFolderError, match="--overwrite") as info:
         compare.run_comparison(config_file, out, methods=["Contrastive"], pictures=False)
     assert str(earlier) in str(info.value)
     assert calls == [] and (earlier / "metrics.json").exists()  # nothing trained, nothing removed

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pml_rank_plugins.config import statistics as st
+from pml_rank_plugins.reporting import statistics as st
 
 # Student's sleep data (Cushny & Peebles 1905; R's `sleep`): extra hours of sleep of 10 patients
 # under two drugs. R: t.test(extra ~ group, data = sleep, paired = TRUE) prints

@@ -11,10 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pml_rank_plugins.config import builder, protocols, runner
-from pml_rank_plugins.config.schema import ConfigError, validate
+from pml_rank_plugins import reporting
 from pml_rank_plugins.data import CUB200, GlyphDataset
-from tests.config.benchmark_fixtures import write_cub
+from pml_rank_plugins.experiment import builder
+from pml_rank_plugins.experiment.mlrc import mlrc_fold_config
+from pml_rank_plugins.experiment.schema import ConfigError, validate
+from pml_rank_plugins.running import runner
+from tests.data.benchmark_fixtures import write_cub
 
 GLYPHS = {
     "GlyphDataset": {
@@ -59,7 +62,7 @@ def test_mlrc_folds_are_class_disjoint_and_cover_the_first_half():
     first, second = set(classes[: len(classes) // 2]), set(classes[len(classes) // 2 :])
     val_classes = []
     for k in range(4):
-        splits = builder.build_splits(protocols.mlrc_fold_config(cfg, k), 0)
+        splits = builder.build_splits(mlrc_fold_config(cfg, k), 0)
         tr, va, te = (set(np.asarray(splits[s].labels)[:, 0]) for s in ("train", "val", "test"))
         assert not tr & va and (tr | va) == first and te == second
         val_classes.append(va)
@@ -89,12 +92,12 @@ def test_mlrc_trains_four_fold_models_and_reports_both(tmp_path):
         assert saved["test"]["separated"][m] == pytest.approx(expected)
     # concatenated: embed the test half with each fold's best weights, L2-normalize each model's
     # 6-d output, concatenate to 24-d, score leave-one-out P@1 with a plain loop
-    test_set = builder.build_splits(protocols.mlrc_fold_config(cfg, 0), 0)["test"]
+    test_set = builder.build_splits(mlrc_fold_config(cfg, 0), 0)["test"]
     images = torch.stack([test_set[i][0] for i in range(len(test_set))])
     labels = torch.as_tensor(np.asarray(test_set.labels)[:, 0])
     parts = []
     for k in range(4):
-        models = builder.build_models(protocols.mlrc_fold_config(cfg, k), torch.device("cpu"))
+        models = builder.build_models(mlrc_fold_config(cfg, k), torch.device("cpu"))
         state = torch.load(tmp_path / f"fold{k}" / "checkpoints" / "best.pt", weights_only=False)
         models["trunk"].load_state_dict(state["models"]["trunk"])
         with torch.no_grad():
@@ -224,8 +227,6 @@ def test_missing_weights_file_names_key_and_file(tmp_path):
 
 
 def test_compare_table_shows_concatenated_and_separated():
-    from pml_rank_plugins.config import compare
-
     runs = {
         name: {
             f"seed{i}": {
@@ -238,8 +239,8 @@ def test_compare_table_shows_concatenated_and_separated():
         }
         for name, d in (("a", 0.0), ("b", 0.05))
     }
-    summary = compare.summarize(runs)
+    summary = reporting.summarize(runs)
     assert summary["metrics"] == ["precision_at_1", "separated precision_at_1"]
-    table = compare.markdown_table(summary)
+    table = reporting.markdown_table(summary)
     assert "separated P@1" in table and "| P@1" in table
     assert summary["rows"]["b"]["separated precision_at_1"]["mean"] == pytest.approx(0.5)

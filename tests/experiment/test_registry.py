@@ -6,33 +6,8 @@ import pytest
 import pytorch_metric_learning.losses as pml_losses
 import torch
 
-import pml_rank_plugins.losses
-from pml_rank_plugins.config import registry
-from pml_rank_plugins.config.registry import UnknownNameError
-
-
-class _FakeFastAP(torch.nn.Module):
-    """Stands in for our FastAPLoss (same name as PML's) until the losses branch is merged."""
-
-    def __init__(self, num_bins=10):
-        super().__init__()
-
-
-class _FakeOnlyOurs(torch.nn.Module):
-    def __init__(self, num_bins=20):
-        super().__init__()
-
-
-@pytest.fixture
-def fake_plugin_losses(monkeypatch):
-    """Export two classes from ``pml_rank_plugins.losses`` at test time (lookup-time discovery)."""
-    for cls in (_FakeFastAP, _FakeOnlyOurs):
-        monkeypatch.setattr(cls, "__module__", "pml_rank_plugins.losses.fake")
-    monkeypatch.setattr(pml_rank_plugins.losses, "FastAPLoss", _FakeFastAP, raising=False)
-    monkeypatch.setattr(pml_rank_plugins.losses, "OnlyOursLoss", _FakeOnlyOurs, raising=False)
-    monkeypatch.setattr(
-        pml_rank_plugins.losses, "__all__", ["FastAPLoss", "OnlyOursLoss"], raising=False
-    )
+from pml_rank_plugins.experiment import registry
+from pml_rank_plugins.experiment.registry import UnknownNameError
 
 
 def test_bare_pml_names_resolve_to_pml():
@@ -56,22 +31,31 @@ def test_torch_and_torchvision_names():
     assert registry.resolve("resnet18") is torchvision.models.resnet18
 
 
-def test_collision_bare_is_pml_prefixed_is_plugin(fake_plugin_losses):
+def test_collision_bare_is_pml_prefixed_is_plugin():
+    import pml_rank_plugins.losses as ours
+
     assert registry.resolve("FastAPLoss") is pml_losses.FastAPLoss
-    assert registry.resolve("pml_rank_plugins.FastAPLoss") is _FakeFastAP
-    assert registry.resolve("plugin:FastAPLoss") is _FakeFastAP
+    assert registry.resolve("pml_rank_plugins.FastAPLoss") is ours.FastAPLoss
+    assert registry.resolve("plugin:FastAPLoss") is ours.FastAPLoss
     assert registry.resolve("pml:FastAPLoss") is pml_losses.FastAPLoss
-    # A name only the plugin has resolves bare -- discovered at lookup time.
-    assert registry.resolve("OnlyOursLoss") is _FakeOnlyOurs
+    assert ours.FastAPLoss is not pml_losses.FastAPLoss
+    # A name only the plugin has resolves bare.
+    assert registry.resolve("QuantizedAPLoss") is ours.QuantizedAPLoss
 
 
 def test_real_collisions_follow_the_rule():
-    """Whatever the plugin exports now: shared names stay PML's bare, ours via the prefix."""
+    """The names both PML and the plugin export are exactly these three; shared names stay
+    PML's bare and are ours with the prefix; every other plugin name resolves bare to ours."""
     pml, ours = registry.pml_names(), registry.plugin_names()
-    for name in set(pml) & set(ours):
+    shared = set(pml) & set(ours)
+    assert shared == {"CrossBatchMemory", "FastAPLoss", "RankedListLoss"}
+    for name in shared:
         assert registry.resolve(name) is pml[name]
         assert registry.resolve(f"plugin:{name}") is ours[name]
-    for name in set(ours) - set(pml):
+        assert ours[name].__module__.startswith("pml_rank_plugins.")
+    only_ours = set(ours) - set(pml)
+    assert {"QuantizedAPLoss", "RankedListMiner", "CategoryHardSampler"} <= only_ours
+    for name in only_ours:
         assert registry.resolve(name) is ours[name]
     assert "query_gallery_split" in ours  # our own config helpers are discovered too
 
@@ -81,9 +65,9 @@ def test_dotted_paths():
     assert registry.resolve("pytorch_metric_learning.losses.TripletMarginLoss") is (
         pml_losses.TripletMarginLoss
     )
-    from pml_rank_plugins.config.splits import query_gallery_split
+    from pml_rank_plugins.data.splits import query_gallery_split
 
-    assert registry.resolve("pml_rank_plugins.config.splits.query_gallery_split") is (
+    assert registry.resolve("pml_rank_plugins.data.splits.query_gallery_split") is (
         query_gallery_split
     )
 

@@ -12,10 +12,11 @@ import sys
 import pytest
 
 from pml_rank_plugins.cli import main
-from pml_rank_plugins.config import run_folder, runner
-from pml_rank_plugins.config.run_folder import CheckpointError, RunFolderBusy, RunFolderError
-from pml_rank_plugins.config.schema import dump_yaml
-from tests.config.tiny import tiny_config
+from pml_rank_plugins.experiment.schema import dump_yaml
+from pml_rank_plugins.running import run_folder, runner
+from pml_rank_plugins.running.checkpoints import CheckpointError
+from pml_rank_plugins.running.run_folder import RunFolderBusy, RunFolderError
+from tests.tiny import tiny_config
 
 
 def one_epoch():
@@ -45,7 +46,7 @@ def test_lock_is_held_across_processes(tmp_path):
     run = tmp_path / "run"
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from pml_rank_plugins.config import run_folder\n"
+         "import sys, time; from pml_rank_plugins.running import run_folder\n"
          f"with run_folder.lock({str(run)!r}):\n    print('locked', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True, cwd=os.getcwd(),
     )  # fmt: skip

@@ -7,9 +7,11 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
-from pml_rank_plugins.config import compare, retrieval
-from tests.config.tiny import tiny_config
+from pml_rank_plugins.functional import ranked_average_precision
+from pml_rank_plugins.reporting import compare, retrieval
+from tests.tiny import tiny_config
 
 
 def test_average_precision_by_hand():
@@ -22,7 +24,7 @@ def test_average_precision_by_hand():
         ],
         dtype=bool,
     )
-    ap = retrieval.average_precision(rel)
+    ap = ranked_average_precision(torch.as_tensor(rel)).numpy()
     assert ap[:3] == pytest.approx([(1 + 2 / 3) / 2, 0.25, 1.0])
     assert np.isnan(ap[3])
 

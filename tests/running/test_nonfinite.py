@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from pml_rank_plugins.cli import main
-from pml_rank_plugins.config import runner
-from pml_rank_plugins.config.faults import NonFiniteCheck, NonFiniteError, check
-from pml_rank_plugins.config.schema import dump_yaml
-from tests.config.tiny import tiny_config
+from pml_rank_plugins.experiment.schema import dump_yaml
+from pml_rank_plugins.running import runner
+from pml_rank_plugins.running.nonfinite import NonFiniteCheck, NonFiniteError, check
+from tests.tiny import tiny_config
 
 HUGE_LR = {"SGD": {"lr": 1.0e38}}
 

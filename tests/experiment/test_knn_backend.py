@@ -6,7 +6,7 @@ import pytest
 import torch
 from pytorch_metric_learning.utils.inference import CustomKNN
 
-from pml_rank_plugins.config import evaluation
+from pml_rank_plugins.experiment import accuracy
 
 
 @pytest.mark.parametrize(
@@ -20,11 +20,11 @@ from pml_rank_plugins.config import evaluation
     ],
 )
 def test_knn_backend_choice(device, installed, gpus, want):
-    assert evaluation.knn_backend(device, installed, gpus) == want
+    assert accuracy.knn_backend(device, installed, gpus) == want
 
 
 def test_without_faiss_the_calculator_uses_custom_knn(monkeypatch):
-    monkeypatch.setattr(evaluation, "faiss_available", lambda: False)
-    assert evaluation.faiss_gpu_count() == 0
-    calc = evaluation.make_accuracy_calculator(device=torch.device("cpu"))
+    monkeypatch.setattr(accuracy, "faiss_available", lambda: False)
+    assert accuracy.faiss_gpu_count() == 0
+    calc = accuracy.make_accuracy_calculator(device=torch.device("cpu"))
     assert isinstance(calc.knn_func, CustomKNN)

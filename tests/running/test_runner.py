@@ -10,8 +10,11 @@ import sys
 import pytest
 import torch
 
-from pml_rank_plugins.config import runner
-from tests.config.tiny import tiny_config
+from pml_rank_plugins.experiment.schema import load_yaml
+from pml_rank_plugins.running import runner
+from pml_rank_plugins.running.checkpoints import atomic_torch_save, load_checkpoint
+from pml_rank_plugins.running.training import plain
+from tests.tiny import tiny_config
 
 METRICS = {
     "precision_at_1",
@@ -37,7 +40,7 @@ def test_tiny_run_writes_everything(tmp_path):
     assert any("VAL" in p.name for p in (run / "logs").glob("accuracies*.csv"))
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert not list((run / "checkpoints").glob("*.tmp"))  # atomic writes leave nothing behind
-    ckpt = runner.load_checkpoint(run / "checkpoints" / "latest.pt")
+    ckpt = load_checkpoint(run / "checkpoints" / "latest.pt")
     assert ckpt["epoch"] == 2 and {"torch", "numpy", "python"} <= set(ckpt["rng"])
     assert json.loads((run / "metrics.json").read_text())["test"] == m["test"]
 
@@ -61,8 +64,8 @@ def test_resume_equals_uninterrupted(tmp_path, sampler):
     assert part["interrupted_after_epoch"] == 1
     torch.manual_seed(12345)  # a fresh process would have other RNG states: resume must not care
     resumed = runner.train(None, tmp_path / "b", resume=True)
-    a = runner.load_checkpoint(tmp_path / "a" / "checkpoints" / "latest.pt")
-    b = runner.load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")
+    a = load_checkpoint(tmp_path / "a" / "checkpoints" / "latest.pt")
+    b = load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")
     for key in ("models", "optimizers", "lr_schedulers"):
         assert a[key].keys() == b[key].keys()
     for name, state in a["models"].items():
@@ -117,7 +120,7 @@ def test_query_gallery_and_patience(tmp_path):
 
 def test_atomic_save_keeps_the_previous_checkpoint_on_failure(tmp_path, monkeypatch):
     path = tmp_path / "ck" / "latest.pt"
-    runner.atomic_torch_save({"epoch": 1}, path)
+    atomic_torch_save({"epoch": 1}, path)
 
     def broken_save(obj, f):
         f.write(b"partial")
@@ -125,9 +128,9 @@ def test_atomic_save_keeps_the_previous_checkpoint_on_failure(tmp_path, monkeypa
 
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(OSError, match="disk full"):
-        runner.atomic_torch_save({"epoch": 2}, path)
+        atomic_torch_save({"epoch": 2}, path)
     monkeypatch.undo()
-    assert runner.load_checkpoint(path) == {"epoch": 1}
+    assert load_checkpoint(path) == {"epoch": 1}
     assert [p.name for p in path.parent.iterdir()] == ["latest.pt"]
 
 
@@ -162,7 +165,7 @@ def test_nested_objects_user_accuracy_calculator(tmp_path):
 
 
 def test_primary_metric_must_be_computed(tmp_path):
-    from pml_rank_plugins.config.schema import ConfigError
+    from pml_rank_plugins.experiment.schema import ConfigError
 
     cfg = tiny_config()
     cfg["eval"]["primary_metric"] = "recall_at_32"
@@ -190,12 +193,12 @@ def test_crash_mid_epoch_then_resume_equals_uninterrupted(tmp_path, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         runner.train(cfg, tmp_path / "b")
     monkeypatch.undo()
-    assert runner.load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")["epoch"] == 1
+    assert load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")["epoch"] == 1
     resumed = runner.train(cfg, tmp_path / "b", resume=True)
     assert resumed["history"] == straight["history"]
     assert resumed["test"] == straight["test"]
-    a = runner.load_checkpoint(tmp_path / "a" / "checkpoints" / "latest.pt")["models"]
-    b = runner.load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")["models"]
+    a = load_checkpoint(tmp_path / "a" / "checkpoints" / "latest.pt")["models"]
+    b = load_checkpoint(tmp_path / "b" / "checkpoints" / "latest.pt")["models"]
     assert all(torch.equal(a["trunk"][k], b["trunk"][k]) for k in a["trunk"])
 
 
@@ -207,7 +210,7 @@ def test_resume_extends_a_finished_run_like_a_longer_one(tmp_path):
     longer = runner.train(three, tmp_path / "b", resume=True)
     assert longer["epochs_run"] == 3 and longer["history"] == straight["history"]
     assert longer["test"] == straight["test"]
-    assert runner.load_yaml(tmp_path / "b" / "config.yaml") == runner.plain(three)
+    assert load_yaml(tmp_path / "b" / "config.yaml") == plain(three)
 
 
 def test_resume_with_a_longer_patience_continues_an_early_stopped_run(tmp_path):
@@ -224,7 +227,7 @@ def test_resume_with_a_longer_patience_continues_an_early_stopped_run(tmp_path):
 
 
 def test_resume_refusal_lists_the_changed_keys(tmp_path):
-    from pml_rank_plugins.config.schema import ConfigError
+    from pml_rank_plugins.experiment.schema import ConfigError
 
     cfg = tiny_config()
     runner.train(cfg, tmp_path / "r", stop_after_epoch=1)
@@ -241,7 +244,7 @@ def test_resume_refusal_lists_the_changed_keys(tmp_path):
 def test_one_console_line_per_epoch(tmp_path, caplog):
     import re
 
-    with caplog.at_level(logging.INFO, logger="pml_rank_plugins.config.runner"):
+    with caplog.at_level(logging.INFO, logger="pml_rank_plugins.running.training"):
         m = runner.train(tiny_config(), tmp_path / "r")
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
     pattern = r"epoch (\d)/2  loss (\d+\.\d{4})  val mean_average_precision_at_r (\d\.\d{4}) \(best \d\.\d{4} @ \d\)  \d+\.\d s"

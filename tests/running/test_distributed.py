@@ -16,9 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pml_rank_plugins.config import builder, distributed, registry, runner
-from pml_rank_plugins.config.schema import deep_merge
-from tests.config.tiny import TinyNet, tiny_config
+from pml_rank_plugins.experiment import builder, registry
+from pml_rank_plugins.experiment.schema import deep_merge
+from pml_rank_plugins.running import distributed, runner
+from pml_rank_plugins.running.checkpoints import load_checkpoint
+from tests.tiny import TinyNet, tiny_config
 
 
 class TinyNet64(TinyNet):
@@ -113,7 +115,7 @@ def one_process_runs(tmp_path_factory):
 
 
 def _weights(run_dir) -> dict:
-    return runner.load_checkpoint(run_dir / "checkpoints" / "latest.pt")["models"]
+    return load_checkpoint(run_dir / "checkpoints" / "latest.pt")["models"]
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))

@@ -12,9 +12,14 @@ import pytest
 import pytorch_metric_learning.losses as pml_losses
 
 import pml_rank_plugins
-from pml_rank_plugins.config import registry
-from pml_rank_plugins.config.schema import expand_methods, load_yaml, spec_name_and_kwargs, validate
-from pml_rank_plugins.config.shipped import resolve_config, shipped_configs
+from pml_rank_plugins.experiment import registry
+from pml_rank_plugins.experiment.schema import (
+    expand_methods,
+    load_yaml,
+    spec_name_and_kwargs,
+    validate,
+)
+from pml_rank_plugins.experiment.shipped import resolve_config, shipped_configs
 from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss, RankedListLoss
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -72,7 +77,7 @@ def test_shipped_config_classes_are_the_packages_own(name):
 
 def test_configs_are_package_data_and_usable_by_name(tmp_path, monkeypatch):
     """Shipped inside the package (what a wheel installs) and found by name from any folder."""
-    root = resources.files("pml_rank_plugins.configs")
+    root = resources.files("pml_rank_plugins.experiment.configs")
     assert {p.name for p in root.iterdir()} >= {"default.yaml", "omniglot.yaml"}
     assert Path(str(root)).resolve().is_relative_to(Path(pml_rank_plugins.__file__).parent)
     assert {"default", "omniglot"} <= set(shipped_configs())
@@ -108,5 +113,5 @@ def test_wheel_contains_the_configs(tmp_path):
         monkeypatch.undo()
     names = zipfile.ZipFile(tmp_path / "dist" / wheel).namelist()
     for shipped in shipped_configs():
-        assert f"pml_rank_plugins/configs/{shipped}.yaml" in names, shipped
+        assert f"pml_rank_plugins/experiment/configs/{shipped}.yaml" in names, shipped
     assert "pml_rank_plugins/__main__.py" in names

@@ -9,10 +9,11 @@ import json
 import pytest
 
 from pml_rank_plugins.cli import main
-from pml_rank_plugins.config import runner, sweep
-from pml_rank_plugins.config.schema import ConfigError, dump_yaml
-from tests.config.test_compare import CrashingLoss  # noqa: F401 -- registers CrashingLoss
-from tests.config.tiny import tiny_config
+from pml_rank_plugins.experiment.schema import ConfigError, dump_yaml
+from pml_rank_plugins.reporting import sweep
+from pml_rank_plugins.running import runner
+from tests.reporting.test_compare import CrashingLoss  # noqa: F401 -- registers CrashingLoss
+from tests.tiny import tiny_config
 
 FAST = ["--set", "trainer.iterations_per_epoch=2", "--set", "trainer.num_epochs=1"]
 

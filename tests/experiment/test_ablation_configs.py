@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from pml_rank_plugins.config import builder
-from pml_rank_plugins.config.schema import load_config, spec_name_and_kwargs
+from pml_rank_plugins.experiment import builder
+from pml_rank_plugins.experiment.schema import load_config, spec_name_and_kwargs
 from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss, RankedListLoss
 from pml_rank_plugins.trainers import ChunkedMetricLossOnly
 from tests.data.conftest import shared_dir
 
 REPO = Path(__file__).resolve().parents[2]
-ABLATIONS = REPO / "pml_rank_plugins" / "configs" / "ablations"
+ABLATIONS = REPO / "pml_rank_plugins" / "experiment" / "configs" / "ablations"
 SMALL1 = shared_dir() / "data" / "omniglot" / "images_background_small1.zip"
 
 # claim -> the config sections its settings may change (everything else must be identical)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pml_rank_plugins.config import registry
+from pml_rank_plugins.experiment import registry
 
 
 class TinyDataset(torch.utils.data.Dataset):
@@ -52,7 +52,7 @@ registry.register("TinyNet", TinyNet)
 
 def tiny_config(**overrides) -> dict:
     """A complete config on the tiny dataset/model: 2 epochs x 3 iterations, train/val/test split."""
-    from pml_rank_plugins.config.schema import deep_merge
+    from pml_rank_plugins.experiment.schema import deep_merge
 
     cfg = {
         "name": "tiny",

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from pml_rank_plugins.config import evaluation
-from pml_rank_plugins.config.evaluation import make_accuracy_calculator
-from pml_rank_plugins.config.splits import query_gallery_split
+from pml_rank_plugins.data.splits import query_gallery_split
+from pml_rank_plugins.experiment import accuracy
+from pml_rank_plugins.experiment.accuracy import make_accuracy_calculator
 
 
 def _data(seed=0, n=40, dim=6, classes=5):
@@ -69,7 +69,7 @@ def test_no_faiss_falls_back_to_custom_knn(monkeypatch):
     emb, labels = _data(seed=2)
     with_faiss = make_accuracy_calculator(recall_at_k=[1, 8]).get_accuracy(emb, labels)
     monkeypatch.setitem(sys.modules, "faiss", None)  # `import faiss` now raises ImportError
-    assert not evaluation.faiss_available()
+    assert not accuracy.faiss_available()
     calc = make_accuracy_calculator(recall_at_k=[1, 8])
     from pytorch_metric_learning.utils.inference import CustomKNN
 
