@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from pml_rank_plugins.functional.validation import check_finite, compute_dtype
+from pml_rank_plugins.functional.validation import (
+    check_finite,
+    check_int,
+    compute_dtype,
+    prepare_embeddings,
+    validate_indices_tuple,
+)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -41,8 +47,6 @@ def test_compute_dtype_promotes_half_precision(given, expected):
 
 
 def test_prepare_embeddings_self_and_reference():
-    from pml_rank_plugins.functional.validation import prepare_embeddings
-
     x = torch.randn(4, 3, dtype=torch.float16)
     queries, refs, is_self = prepare_embeddings(x, x)
     assert is_self and refs is queries and queries.dtype == torch.float32
@@ -57,16 +61,12 @@ def test_prepare_embeddings_self_and_reference():
 # -- check_int (issue 12.14) ------------------------------------------------------------------
 @pytest.mark.parametrize("value", [3, np.int64(3), np.int32(3), np.uint8(3)])
 def test_check_int_accepts_python_and_numpy_integers(value):
-    from pml_rank_plugins.functional.validation import check_int
-
     out = check_int(value, "num_bins", minimum=1)
     assert out == 3 and type(out) is int
 
 
 @pytest.mark.parametrize("value", [True, False, 2.0, 1.7, "3", None, np.float64(3.0)])
 def test_check_int_rejects_bool_float_and_others_naming_parameter(value):
-    from pml_rank_plugins.functional.validation import check_int
-
     with pytest.raises(
         ValueError, match=r"num_bins must be an integer.*got " + re.escape(repr(value))
     ):
@@ -74,8 +74,6 @@ def test_check_int_rejects_bool_float_and_others_naming_parameter(value):
 
 
 def test_check_int_enforces_bounds():
-    from pml_rank_plugins.functional.validation import check_int
-
     with pytest.raises(ValueError, match=r"seed must be an integer >= 0, got -1"):
         check_int(-1, "seed", minimum=0)
     with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 1\], got 2"):
@@ -89,8 +87,6 @@ def _pairs(a1, p, a2, n):
 
 
 def test_validate_indices_tuple_accepts_valid_pairs_triplets_and_none():
-    from pml_rank_plugins.functional.validation import validate_indices_tuple
-
     pairs = _pairs([0, 3], [5, 1], [1], [0])  # anchors up to 3 < 4, others up to 5 < 6
     triplets = torch.tensor([0, 3]), torch.tensor([5, 1]), torch.tensor([2, 2])
     valid = [None, pairs, _pairs([], [], [], []), triplets, tuple(x.int() for x in triplets)]
@@ -142,7 +138,5 @@ def test_validate_indices_tuple_accepts_valid_pairs_triplets_and_none():
     ],
 )
 def test_validate_indices_tuple_names_the_bad_element(indices_tuple, message):
-    from pml_rank_plugins.functional.validation import validate_indices_tuple
-
     with pytest.raises(ValueError, match=message):
         validate_indices_tuple(indices_tuple, 8, 32)
