@@ -7,7 +7,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from ..functional.validation import check_int
-from ..miners.weighted_pairs import WeightedPairs
+from ..utils.loss_and_miner_utils import WeightedPairs
 
 PLUGIN_LOSSES = ["FastAPLoss", "QuantizedAPLoss", "RankedListLoss"]
 
@@ -23,7 +23,7 @@ class CrossBatchMemory(PMLCrossBatchMemory):
 
     Differences from PML's class:
 
-    * a miner's :class:`~pml_rank_plugins.miners.weighted_pairs.WeightedPairs` (e.g.
+    * a miner's :class:`~pml_rank_plugins.utils.loss_and_miner_utils.WeightedPairs` (e.g.
       ``RankedListMiner``'s negative weights) keeps its ``.weights`` through the removal of
       self-comparisons (PML returns a plain tuple, so ``RankedListLoss`` silently fell back to
       its own ``Tn``); combining weighted pairs with an extra ``indices_tuple`` is a

@@ -8,7 +8,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
 from ..functional.validation import check_int, check_labels, prepare_embeddings
-from .pair_masks import pair_masks
+from ..utils.loss_and_miner_utils import pair_masks
 
 
 class HistogramAPLoss(BaseMetricLossFunction):
@@ -19,12 +19,12 @@ class HistogramAPLoss(BaseMetricLossFunction):
     (``num_intervals``), the AP formula (``_average_precision``) and validate ``self.distance``.
 
     Per query ``i`` the ranked list holds the reference items ``j`` with ``pos[i, j]`` or
-    ``neg[i, j]`` (:func:`~pml_rank_plugins.losses.pair_masks.pair_masks`: same label / other
-    label without ``indices_tuple``, the self pair removed when ranking the batch against itself;
-    with ``indices_tuple`` only the mined pairs of ``i``). Queries without a positive or without a
-    negative in their list have no defined AP: they are excluded from the loss and counted in
-    ``num_skipped_queries``. Output: ``"element"`` losses ``w_i (1 - AP_i)`` for the valid queries
-    (``w_i = 1`` unless class balancing is on), so the default ``MeanReducer`` gives
+    ``neg[i, j]`` (:func:`~pml_rank_plugins.utils.loss_and_miner_utils.pair_masks`: same label /
+    other label without ``indices_tuple``, the self pair removed when ranking the batch against
+    itself; with ``indices_tuple`` only the mined pairs of ``i``). Queries without a positive or
+    without a negative in their list have no defined AP: they are excluded from the loss and
+    counted in ``num_skipped_queries``. Output: ``"element"`` losses ``w_i (1 - AP_i)`` for the
+    valid queries (``w_i = 1`` unless class balancing is on), so the default ``MeanReducer`` gives
     ``1 - mean AP``. With no valid query -- in particular an empty batch or an empty ``ref_emb``,
     where every query counts as skipped -- the loss is a zero connected to the graph:
     ``backward()`` works and gives zero gradients.

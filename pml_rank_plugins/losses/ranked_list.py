@@ -7,34 +7,20 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
-from ..functional.chunking import LabelCategories
 from ..functional.ranked_list import check_rll_params, ranked_list_terms
 from ..functional.ranked_list_chunked import SparseWeights, chunked_ranked_list_terms
-from ..functional.soft_histogram import pair_categories
 from ..functional.validation import (
     check_finite,
-    check_int,
     prepare_embeddings,
     validate_indices_tuple,
 )
-from .distance_matrix import distance_matrix, euclidean_embeddings
-from .pair_masks import pair_masks
-
-
-def check_chunk_size(chunk_size) -> int | None:
-    """``chunk_size`` (query rows per chunk): ``None`` (automatic) or an integer >= 1."""
-    return None if chunk_size is None else check_int(chunk_size, "chunk_size", minimum=1)
-
-
-def ranked_list_categories(labels, ref_labels, indices_tuple, is_self: bool):
-    """Pair categories of the ranked lists (0 positive, 1 negative, 2 ignored): derived per chunk
-    from the labels without a miner (nothing N x M stored), else ``N M`` int8 from the mined
-    pairs (:func:`~pml_rank_plugins.losses.pair_masks.pair_masks`)."""
-    if indices_tuple is None:
-        self_columns = torch.arange(len(labels), device=labels.device) if is_self else None
-        return LabelCategories(labels, ref_labels, self_columns)
-    pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
-    return pair_categories(pos_mask, neg_mask)
+from ..utils.loss_and_miner_utils import (
+    check_chunk_size,
+    distance_matrix,
+    euclidean_embeddings,
+    pair_masks,
+    ranked_list_categories,
+)
 
 
 class RankedListLoss(BaseMetricLossFunction):

@@ -1,6 +1,6 @@
 """PML miners."""
 
+from ..utils.loss_and_miner_utils import WeightedPairs
 from .ranked_list_miner import RankedListMiner
-from .weighted_pairs import WeightedPairs
 
 __all__ = ["RankedListMiner", "WeightedPairs"]

@@ -9,10 +9,14 @@ from pytorch_metric_learning.miners import BaseMiner
 from ..functional.ranked_list import check_rll_params, mine_non_trivial, negative_weights
 from ..functional.ranked_list_chunked import chunked_ranked_list_mining
 from ..functional.validation import prepare_embeddings
-from ..losses.distance_matrix import distance_matrix
-from ..losses.pair_masks import pair_masks
-from ..losses.ranked_list import check_chunk_size, euclidean_embeddings, ranked_list_categories
-from .weighted_pairs import WeightedPairs
+from ..utils.loss_and_miner_utils import (
+    WeightedPairs,
+    check_chunk_size,
+    distance_matrix,
+    euclidean_embeddings,
+    pair_masks,
+    ranked_list_categories,
+)
 
 
 class RankedListMiner(BaseMiner):

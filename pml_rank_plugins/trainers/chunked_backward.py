@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from ..functional.validation import check_int
+from ._dist import rank, world_size
 
 
 def _check_chunk_size(chunk_size) -> int:
@@ -89,14 +90,10 @@ def _set_rng_state(state) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def all_gather_rows(local: torch.Tensor) -> tuple[torch.Tensor, slice]:
     """Concatenate every rank's rows (shards may differ in length); returns the global tensor
     (not differentiable) and the slice of the local rows in it."""
-    world = _world_size()
+    world = world_size()
     if world == 1:
         return local, slice(0, len(local))
     sizes = [torch.zeros(1, dtype=torch.long, device=local.device) for _ in range(world)]
@@ -106,8 +103,7 @@ def all_gather_rows(local: torch.Tensor) -> tuple[torch.Tensor, slice]:
     padded[: len(local)] = local
     gathered = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(gathered, padded)
-    rank = dist.get_rank()
-    start = sum(sizes[:rank])
+    start = sum(sizes[: rank()])
     return torch.cat([g[:n] for g, n in zip(gathered, sizes)]), slice(start, start + len(local))
 
 
@@ -168,7 +164,7 @@ class ChunkedEmbedding:
             buffer.copy_(saved)
         local = torch.cat(outputs).requires_grad_(True)
         global_emb, rows = all_gather_rows(local.detach())
-        if _world_size() > 1:
+        if world_size() > 1:
             global_emb = torch.cat([global_emb[: rows.start], local, global_emb[rows.stop :]])
             if labels is not None:
                 labels = all_gather_rows(torch.as_tensor(labels, device=local.device))[0]
@@ -201,7 +197,7 @@ class ChunkedEmbedding:
                 "NaN/inf gradients from finite embeddings; nothing was backpropagated into the "
                 "model (do not step the optimizer: loss parameters may hold NaN gradients)"
             )
-        grad = grad * _world_size()
+        grad = grad * world_size()
         rng_after_loss = _rng_state()
         offsets = [0]
         for output in state["outputs"]:

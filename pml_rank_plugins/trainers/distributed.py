@@ -40,13 +40,29 @@ import re
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from pytorch_metric_learning.trainers import MetricLossOnly
 
-from .chunked_backward import _world_size, all_gather_rows
+from ._dist import is_initialized, rank, world_size
+from .chunked_backward import all_gather_rows
 from .chunked_metric_loss_only import ChunkedMetricLossOnly
 
 AMP_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+__all__ = [
+    "AMP_DTYPES",
+    "DistributedChunkedMetricLossOnly",
+    "DistributedMetricLossOnly",
+    "DistributedTrainerMixin",
+    "all_gather_with_grad",
+    "distributed_trainer_class",
+    "is_initialized",
+    "local_slice",
+    "make_grad_scaler",
+    "parse_amp",
+    "rank",
+    "world_size",
+    "wrap_ddp",
+]
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -62,11 +78,6 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.factor, None
 
 
-def world_size() -> int:
-    """``torch.distributed``'s world size, 1 when no process group is initialized."""
-    return _world_size()
-
-
 def all_gather_with_grad(local: torch.Tensor) -> torch.Tensor:
     """Every rank's rows, in rank order, with this rank's rows differentiable.
 
@@ -74,7 +85,7 @@ def all_gather_with_grad(local: torch.Tensor) -> torch.Tensor:
     multiplied by the world size ``R`` (see the module docstring: DDP's averaging then yields the
     single-process gradient). One process: ``local`` itself. Cost: one all-gather of the rows.
     """
-    world = _world_size()
+    world = world_size()
     if world == 1:
         return local
     gathered, rows = all_gather_rows(local.detach())
@@ -84,7 +95,7 @@ def all_gather_with_grad(local: torch.Tensor) -> torch.Tensor:
 
 def local_slice(n: int) -> slice:
     """This rank's contiguous slice of a global batch of ``n`` items (``tensor_split`` sizes)."""
-    world = _world_size()
+    world = world_size()
     if world == 1:
         return slice(0, n)
     if n < world:
@@ -92,10 +103,10 @@ def local_slice(n: int) -> slice:
             f"global batch of {n} items cannot be split over {world} processes; "
             f"set trainer.batch_size >= {world} (it is the global batch)"
         )
-    rank = dist.get_rank()
+    own = rank()
     base, extra = divmod(n, world)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (1 if rank < extra else 0))
+    start = own * base + min(own, extra)
+    return slice(start, start + base + (1 if own < extra else 0))
 
 
 def parse_amp(amp: Any) -> dict | None:
@@ -129,7 +140,7 @@ def wrap_ddp(models: dict, device: torch.device, frozen=()) -> dict:
     """``DistributedDataParallel`` around every model with trainable parameters (not in
     ``frozen``); the others (``Identity`` embedders, frozen models) stay as they are.
     One process: ``models`` unchanged."""
-    if _world_size() == 1:
+    if world_size() == 1:
         return dict(models)
     device = torch.device(device)
     ids = None
@@ -169,7 +180,7 @@ class DistributedTrainerMixin:
 
     def calculate_loss(self, curr_batch):
         data, labels = curr_batch
-        if _world_size() == 1:
+        if world_size() == 1:
             return super().calculate_loss(curr_batch)
         if not torch.is_tensor(data):
             raise TypeError(

@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from pml_rank_plugins.functional.validation import check_finite, compute_dtype
+from pml_rank_plugins.functional.validation import (
+    check_finite,
+    check_int,
+    compute_dtype,
+    prepare_embeddings,
+    validate_indices_tuple,
+)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -16,7 +22,15 @@ def test_check_finite_rejects_non_finite(bad):
 
 
 def test_check_finite_accepts_finite():
-    check_finite(torch.randn(4, 3), "embeddings")
+    big, tiny = torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny
+    x = torch.tensor([[0.0, -1.0, 3.5], [big, -big, tiny]])
+    before = x.clone()
+    for finite in (x, x[:0], x.double(), x[:1].half()):
+        assert check_finite(finite, "embeddings") is None
+    assert torch.equal(x, before)  # checked, not modified
+    x[1, 2] = float("nan")  # the same tensor with one NaN is refused
+    with pytest.raises(ValueError, match="embeddings contains 1 non-finite"):
+        check_finite(x, "embeddings")
 
 
 @pytest.mark.parametrize(
@@ -33,8 +47,6 @@ def test_compute_dtype_promotes_half_precision(given, expected):
 
 
 def test_prepare_embeddings_self_and_reference():
-    from pml_rank_plugins.functional.validation import prepare_embeddings
-
     x = torch.randn(4, 3, dtype=torch.float16)
     queries, refs, is_self = prepare_embeddings(x, x)
     assert is_self and refs is queries and queries.dtype == torch.float32
@@ -49,16 +61,12 @@ def test_prepare_embeddings_self_and_reference():
 # -- check_int (issue 12.14) ------------------------------------------------------------------
 @pytest.mark.parametrize("value", [3, np.int64(3), np.int32(3), np.uint8(3)])
 def test_check_int_accepts_python_and_numpy_integers(value):
-    from pml_rank_plugins.functional.validation import check_int
-
     out = check_int(value, "num_bins", minimum=1)
     assert out == 3 and type(out) is int
 
 
 @pytest.mark.parametrize("value", [True, False, 2.0, 1.7, "3", None, np.float64(3.0)])
 def test_check_int_rejects_bool_float_and_others_naming_parameter(value):
-    from pml_rank_plugins.functional.validation import check_int
-
     with pytest.raises(
         ValueError, match=r"num_bins must be an integer.*got " + re.escape(repr(value))
     ):
@@ -66,8 +74,6 @@ def test_check_int_rejects_bool_float_and_others_naming_parameter(value):
 
 
 def test_check_int_enforces_bounds():
-    from pml_rank_plugins.functional.validation import check_int
-
     with pytest.raises(ValueError, match=r"seed must be an integer >= 0, got -1"):
         check_int(-1, "seed", minimum=0)
     with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 1\], got 2"):
@@ -81,14 +87,19 @@ def _pairs(a1, p, a2, n):
 
 
 def test_validate_indices_tuple_accepts_valid_pairs_triplets_and_none():
-    from pml_rank_plugins.functional.validation import validate_indices_tuple
-
-    validate_indices_tuple(None, 4, 6)
-    validate_indices_tuple(_pairs([0, 3], [5, 1], [1], [0]), 4, 6)
-    validate_indices_tuple(_pairs([], [], [], []), 4, 6)
-    t = torch.tensor([0, 3]), torch.tensor([5, 1]), torch.tensor([2, 2])
-    validate_indices_tuple(t, 4, 6)
-    validate_indices_tuple(tuple(x.int() for x in t), 4, 6)
+    pairs = _pairs([0, 3], [5, 1], [1], [0])  # anchors up to 3 < 4, others up to 5 < 6
+    triplets = torch.tensor([0, 3]), torch.tensor([5, 1]), torch.tensor([2, 2])
+    valid = [None, pairs, _pairs([], [], [], []), triplets, tuple(x.int() for x in triplets)]
+    copies = [None if t is None else tuple(x.clone() for x in t) for t in valid]
+    for indices_tuple, copied in zip(valid, copies, strict=True):
+        assert validate_indices_tuple(indices_tuple, 4, 6) is None
+        if indices_tuple is not None:  # checked, not modified
+            assert all(torch.equal(x, y) for x, y in zip(indices_tuple, copied, strict=True))
+    # the bounds are exclusive: one row fewer refuses the same tuples
+    with pytest.raises(ValueError, match=r"indices_tuple\[1\] \(positives\) has index 5 >= 5"):
+        validate_indices_tuple(pairs, 4, 5)
+    with pytest.raises(ValueError, match=r"indices_tuple\[0\] \(anchors\) has index 3 >= 3"):
+        validate_indices_tuple(triplets, 3, 6)
 
 
 @pytest.mark.parametrize(
@@ -127,7 +138,5 @@ def test_validate_indices_tuple_accepts_valid_pairs_triplets_and_none():
     ],
 )
 def test_validate_indices_tuple_names_the_bad_element(indices_tuple, message):
-    from pml_rank_plugins.functional.validation import validate_indices_tuple
-
     with pytest.raises(ValueError, match=message):
         validate_indices_tuple(indices_tuple, 8, 32)

@@ -1,7 +1,7 @@
 import torch
 from pytorch_metric_learning.distances import LpDistance, SNRDistance
 
-from pml_rank_plugins.losses.distance_matrix import distance_matrix
+from pml_rank_plugins.utils.loss_and_miner_utils import distance_matrix
 from tests.conftest import make_embeddings_and_labels
 
 

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from pml_rank_plugins.losses.pair_masks import pair_masks
+from pml_rank_plugins.losses.pair_masks import pair_masks as old_pair_masks
+from pml_rank_plugins.utils.loss_and_miner_utils import pair_masks
 
 
 def test_default_masks_exclude_self_and_split_by_label():
@@ -52,3 +53,7 @@ def test_bad_indices_tuple_raises_naming_the_element(indices_tuple, message):
     labels = torch.tensor([0, 0, 1, 1])
     with pytest.raises(ValueError, match=message):
         pair_masks(labels, labels, indices_tuple)
+
+
+def test_old_import_path_gives_the_same_function():
+    assert old_pair_masks is pair_masks

@@ -1,0 +1,232 @@
+"""What the losses and the miners both use: pair tuples, pair masks, distance matrices.
+
+* :class:`WeightedPairs`: a PML pair tuple ``(a1, p, a2, n)`` that carries one weight per
+  negative pair (output of :class:`~pml_rank_plugins.miners.RankedListMiner`, read by
+  :class:`~pml_rank_plugins.losses.RankedListLoss` and kept by
+  :class:`~pml_rank_plugins.losses.CrossBatchMemory`).
+* :func:`pair_masks`: which reference items enter each query's ranked list, as dense masks.
+  Every list-wise loss here ranks, for each query ``i``, the reference items ``j`` with
+  ``pos[i, j]`` (relevant) or ``neg[i, j]`` (irrelevant); all other pairs are ignored.
+* :func:`distance_matrix`, :func:`euclidean_embeddings`: the ``(N, M)`` matrix of a PML distance
+  object, and the inputs of the chunked Euclidean kernels for PML's default ``LpDistance``.
+* :func:`check_chunk_size`, :func:`ranked_list_categories`: Ranked List Loss / miner arguments.
+
+Everything here knows PML (distance objects, ``lmu.convert_to_pairs``); the pure tensor math
+lives in :mod:`pml_rank_plugins.functional`.
+"""
+
+from __future__ import annotations
+
+import torch
+from pytorch_metric_learning.distances import BaseDistance, LpDistance
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+
+from ..functional.chunking import LabelCategories
+from ..functional.euclidean import euclidean_distances
+from ..functional.soft_histogram import pair_categories
+from ..functional.validation import check_int, normalize_rows, validate_indices_tuple
+
+
+class WeightedPairs(tuple):
+    """``(a1, p, a2, n)`` with ``.weights``: a float tensor aligned with the negative pairs.
+
+    It is a plain 4-tuple to everything in PML (``BaseMiner.output_assertion``,
+    ``lmu.convert_to_pairs``, every pair loss), so losses that do not know about ``.weights``
+    simply ignore it. ``weights[k]`` is the weight of the pair ``(a2[k], n[k])``.
+
+    Raises ``ValueError`` on mismatched lengths (``len(a1) != len(p)``, or ``a2``, ``n`` and
+    ``weights`` not of one length).
+    """
+
+    weights: torch.Tensor
+
+    def __new__(cls, a1, p, a2, n, weights: torch.Tensor) -> "WeightedPairs":
+        if len(weights) != len(a2) or len(n) != len(a2) or len(a1) != len(p):
+            raise ValueError(
+                f"mismatched lengths: a1={len(a1)}, p={len(p)}, a2={len(a2)}, n={len(n)}, "
+                f"weights={len(weights)} (weights are aligned with the negative pairs (a2, n))"
+            )
+        obj = super().__new__(cls, (a1, p, a2, n))
+        obj.weights = weights
+        return obj
+
+    def __reduce__(self):
+        return (type(self), (*self, self.weights))
+
+    def __repr__(self) -> str:
+        return f"WeightedPairs({tuple.__repr__(self)}, weights={self.weights!r})"
+
+
+def pair_masks(
+    labels: torch.Tensor,
+    ref_labels: torch.Tensor,
+    indices_tuple=None,
+    exclude_self: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(pos, neg)``, two ``(N, M)`` bool masks over (query, reference) pairs.
+
+    * Without ``indices_tuple``: positives are same-label pairs, negatives the rest; when the
+      reference set is the batch itself (``exclude_self``) the diagonal (self-pair) is removed.
+    * With ``indices_tuple`` from any PML miner (pairs ``(a1, p, a2, n)`` or triplets
+      ``(a, p, n)``, converted to pairs as PML does): the list of query ``i`` is restricted to
+      its mined positives ``{p : a1 = i}`` and mined negatives ``{n : a2 = i}``. Duplicated pairs
+      count once. A query that appears in no mined positive (or negative) pair has no positive
+      (or negative) and is skipped by the loss.
+
+    Memory O(N M) bytes for N queries and M reference items.
+
+    Args:
+        labels: ``(N,)`` query labels.
+        ref_labels: ``(M,)`` reference labels.
+        indices_tuple: ``None``, a PML pair tuple ``(a1, p, a2, n)`` or triplet ``(a, p, n)``.
+        exclude_self: remove the diagonal (the batch is its own reference set; needs N == M).
+
+    Raises ``ValueError`` naming the element of a malformed ``indices_tuple`` (negative or
+    out-of-range index, non-integer dtype, mismatched lengths): see
+    :func:`~pml_rank_plugins.functional.validation.validate_indices_tuple`.
+    """
+    n, m = len(labels), len(ref_labels)
+    if indices_tuple is None:
+        pos = labels.view(-1, 1) == ref_labels.view(1, -1)
+        neg = ~pos
+        if exclude_self:
+            if n != m:
+                raise ValueError("exclude_self needs as many queries as reference items")
+            pos.fill_diagonal_(False)
+        return pos, neg
+    validate_indices_tuple(indices_tuple, n, m)
+    a1, p, a2, ng = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
+    pos = torch.zeros(n, m, dtype=torch.bool, device=labels.device)
+    neg = torch.zeros(n, m, dtype=torch.bool, device=labels.device)
+    pos[a1, p] = True
+    neg[a2, ng] = True
+    if exclude_self and n == m:
+        pos.fill_diagonal_(False)
+        neg.fill_diagonal_(False)
+    return pos, neg
+
+
+def distance_matrix(
+    distance: BaseDistance,
+    embeddings: torch.Tensor,
+    ref_emb: torch.Tensor,
+    gallery_gradient: bool = True,
+) -> torch.Tensor:
+    """``distance(embeddings, ref_emb)``, with ``ref_emb`` detached unless ``gallery_gradient``.
+
+    For a plain ``LpDistance(p=2, power=1)`` (PML's default) the matrix is computed with
+    :func:`pml_rank_plugins.functional.euclidean.euclidean_distances` on the (optionally
+    normalized) embeddings: the same values as ``torch.cdist`` up to rounding, but the backward
+    skips the detached gallery side. The distance object's stats are still recorded. Any other
+    distance (subclasses included) is called as is.
+
+    L2-normalizing distances normalize with
+    :func:`pml_rank_plugins.functional.validation.normalize_rows` (the values of ``F.normalize``,
+    but no overflow for huge rows and a zero gradient for zero rows).
+
+    ``ref_emb is embeddings`` means the batch is its own gallery: with ``gallery_gradient=False``
+    every row still receives gradient as a query, never as a gallery item. O(N M D).
+
+    Args:
+        distance: a PML distance object (not a similarity).
+        embeddings: ``(N, D)`` query embeddings.
+        ref_emb: ``(M, D)`` gallery embeddings (``embeddings`` itself for the batch).
+        gallery_gradient: let gradient flow into the gallery side of every pair.
+
+    Returns:
+        The ``(N, M)`` distance matrix.
+    """
+    is_self = ref_emb is embeddings
+    pair = euclidean_embeddings(distance, embeddings, ref_emb, is_self, gallery_gradient)
+    if pair is not None:
+        return euclidean_distances(*pair)
+    gallery = ref_emb if gallery_gradient else ref_emb.detach()
+    if distance.normalize_embeddings and getattr(distance, "p", None) == 2:
+        # Pre-normalize overflow-safe (the distance's own F.normalize then leaves unit rows
+        # unchanged and zero rows zero, their gradient zeroed by normalize_rows).
+        embeddings = normalize_rows(embeddings)
+        gallery = embeddings if is_self else normalize_rows(gallery)
+        gallery = gallery if gallery_gradient else gallery.detach()
+    return distance(embeddings, gallery)
+
+
+def euclidean_embeddings(
+    distance: BaseDistance,
+    embeddings: torch.Tensor,
+    ref_emb: torch.Tensor,
+    is_self: bool,
+    gallery_gradient: bool,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(queries, refs)`` for the chunked Euclidean kernel, or ``None`` for other distances.
+
+    Only a plain ``LpDistance(p=2, power=1)`` (PML's default for RLL, normalized or not) takes
+    the chunked path; subclasses and every other distance object are computed by calling them.
+    The embeddings are normalized with the shared
+    :func:`~pml_rank_plugins.functional.validation.normalize_rows` when the distance normalizes,
+    and the distance's stats recorded, as a PML distance call would. ``refs`` is detached unless
+    ``gallery_gradient``; with ``is_self`` it is the normalized batch itself (so gradient through
+    it reaches the same rows). Shared by :func:`distance_matrix` (dense matrix) and the chunked
+    Ranked List kernels of the loss and the miner. O((N + M) D).
+
+    Args:
+        distance: a PML distance object.
+        embeddings: ``(N, D)`` query embeddings.
+        ref_emb: ``(M, D)`` reference embeddings.
+        is_self: ``ref_emb`` is the batch itself.
+        gallery_gradient: keep ``refs`` attached to the graph.
+
+    Returns:
+        ``(queries, refs)`` of shapes ``(N, D)`` and ``(M, D)``, or ``None``.
+    """
+    if type(distance) is not LpDistance or distance.p != 2 or distance.power != 1:
+        return None
+    distance.reset_stats()
+    gallery = ref_emb if gallery_gradient else ref_emb.detach()
+    distance.check_shapes(embeddings, gallery)
+    # The package's shared normalization (F.normalize's values, no overflow for huge rows, zero
+    # gradient for zero rows).
+    normalize = normalize_rows if distance.normalize_embeddings else (lambda rows: rows)
+    queries = normalize(embeddings)
+    if is_self:
+        refs = queries if gallery_gradient else queries.detach()
+    else:
+        refs = normalize(gallery)
+    distance.set_default_stats(embeddings, gallery, queries, refs)
+    return queries, refs
+
+
+def check_chunk_size(chunk_size) -> int | None:
+    """``chunk_size`` (query rows per chunk): ``None`` (automatic) or an integer >= 1.
+
+    Args:
+        chunk_size: the value to check (Python or numpy integer, or ``None``).
+
+    Returns:
+        ``None`` or the ``int``. Raises ``ValueError`` naming ``chunk_size`` otherwise.
+    """
+    return None if chunk_size is None else check_int(chunk_size, "chunk_size", minimum=1)
+
+
+def ranked_list_categories(
+    labels: torch.Tensor, ref_labels: torch.Tensor, indices_tuple, is_self: bool
+):
+    """Pair categories of the ranked lists (0 positive, 1 negative, 2 ignored).
+
+    Without a miner they are derived per chunk from the labels (nothing N x M stored); with an
+    ``indices_tuple`` they are ``N M`` int8 from the mined pairs (:func:`pair_masks`).
+
+    Args:
+        labels: ``(N,)`` query labels.
+        ref_labels: ``(M,)`` reference labels.
+        indices_tuple: ``None`` or a PML pair / triplet tuple.
+        is_self: the references are the batch itself (self pairs ignored).
+
+    Returns:
+        A :class:`~pml_rank_plugins.functional.chunking.LabelCategories` or an ``(N, M)`` int8
+        tensor.
+    """
+    if indices_tuple is None:
+        self_columns = torch.arange(len(labels), device=labels.device) if is_self else None
+        return LabelCategories(labels, ref_labels, self_columns)
+    pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
+    return pair_categories(pos_mask, neg_mask)
