@@ -264,3 +264,16 @@ def print_row(cells: Iterable) -> None:
 def mib(result: dict) -> str:
     """``result["peak"]`` in whole MiB."""
     return f"{result['peak'] / 2**20:.0f}"
+
+
+def versus_pml(ours: dict, pml: dict | None) -> tuple[str, str]:
+    """``("PML / ours" time, "ours / PML" memory)`` cells; ``"-"`` both when PML was skipped."""
+    if pml is None:
+        return "-", "-"
+    return f"{pml['time'] / ours['time']:.1f}x", f"1/{pml['peak'] / max(ours['peak'], 1):.0f}"
+
+
+def note_pml_skipped(args: argparse.Namespace, cost: str) -> None:
+    """Says below the table that PML was skipped above ``--pml-max`` (for its ``cost``)."""
+    if any(n > args.pml_max for n in args.sizes):
+        print(f"PML skipped above N={args.pml_max} (--pml-max): {cost} memory.")

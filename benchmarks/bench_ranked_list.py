@@ -31,9 +31,11 @@ from _measure import (
     bench_parser,
     measure_sizes,
     mib,
+    note_pml_skipped,
     print_header,
     print_row,
     run_pairwise_case,
+    versus_pml,
 )
 from pytorch_metric_learning.losses import RankedListLoss as PMLRankedListLoss
 
@@ -78,6 +80,7 @@ def report(args) -> None:
     print_header(COLUMNS, text_first=False)
     for n, best in measure_sizes(__file__, CASES, args):
         ours, gg, floor, pml = best["ours"], best["ours_gg"], best["floor"], best.get("pml")
+        speedup, memory = versus_pml(ours, pml)
         print_row(
             [
                 n,
@@ -85,19 +88,18 @@ def report(args) -> None:
                 f"{gg['time']:.3f}",
                 f"{pml['time']:.3f}" if pml else "skipped",
                 f"{floor['time']:.3f}",
-                f"{pml['time'] / ours['time']:.1f}x" if pml else "-",
-                f"{pml['time'] / gg['time']:.1f}x" if pml else "-",
+                speedup,
+                versus_pml(gg, pml)[0],
                 f"{ours['time'] / floor['time']:.2f}x",
                 f"{gg['time'] / floor['time']:.2f}x",
                 mib(ours),
                 mib(gg),
                 mib(pml) if pml else "-",
                 mib(floor),
-                f"1/{pml['peak'] / max(ours['peak'], 1):.0f}" if pml else "-",
+                memory,
             ]
         )
-    if any(n > args.pml_max for n in args.sizes):
-        print(f"PML skipped above N={args.pml_max} (--pml-max): O(N^2) memory.")
+    note_pml_skipped(args, "O(N^2)")
 
 
 def main() -> None:
