@@ -1,20 +1,31 @@
-"""Measurement helpers shared by the benchmark scripts (Linux: reads ``/proc/self/statm``).
+"""Measurement skeleton shared by the benchmark scripts (Linux: reads ``/proc/self/statm``).
 
 Every benchmark measures each case in a fresh subprocess that prints one JSON line; the parent
-collects the lines. Memory is the growth of the resident set size (RSS) over its value just
-before the measured calls; time is the best of several calls after untimed warm-up calls.
+collects the lines and prints a Markdown table. Memory is the growth of the resident set size
+(RSS) over its value just before the measured calls; time is the best of several calls after
+untimed warm-up calls. A script keeps only its cases, its own flags and its table's columns:
+
+* :func:`add_timing_flags` -- ``--warmup``, ``--repeats``, ``--rounds``, ``--threads`` and the
+  hidden ``--child CASE NUMBER...`` that re-enters the script in a subprocess;
+* :func:`bench_main` -- a child prints ``run_case(CASE, *NUMBERS)`` as JSON, the parent reports;
+* :func:`measure_cases` -- each case in fresh subprocesses, ``--rounds`` interleaved rounds;
+* :func:`print_header` / :func:`print_row` / :func:`mib` -- the table.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -82,3 +93,187 @@ def best_over_rounds(measure: Callable[[str], dict], cases: list[str], rounds: i
                 result["peak"] = max(result["peak"], best[case]["peak"])
             best[case] = result
     return best
+
+
+# -- command line -------------------------------------------------------------------------------
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser described by the first line of the script's docstring ``doc``."""
+    return argparse.ArgumentParser(description=doc.splitlines()[0])
+
+
+def add_timing_flags(
+    parser: argparse.ArgumentParser,
+    unit: str = "calls",
+    repeats: int = 5,
+    threads: int | None = 2,
+    threads_help: str | None = None,
+) -> None:
+    """Adds ``--warmup``, ``--repeats``, ``--rounds``, ``--threads`` and the hidden ``--child``.
+
+    Args:
+        parser: the script's parser.
+        unit: what one timed call is called in the help (``"calls"`` or ``"steps"``).
+        repeats: default of ``--repeats``.
+        threads: default of ``--threads``; ``None`` for a script without the flag.
+        threads_help: help of ``--threads``.
+    """
+    parser.add_argument("--warmup", type=int, default=1, help=f"untimed {unit} first")
+    parser.add_argument("--repeats", type=int, default=repeats, help=f"timed {unit}; best is kept")
+    parser.add_argument("--rounds", type=int, default=2, help="subprocess rounds per case")
+    if threads is not None:
+        parser.add_argument("--threads", type=int, default=threads, help=threads_help)
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+
+
+def add_pairwise_flags(parser: argparse.ArgumentParser, sizes: list[int]) -> None:
+    """The flags of an "ours vs PML vs floor at each N" script: ``--sizes``, ``--dim``, the
+    timing flags and ``--pml-max``.
+
+    Args:
+        parser: the script's parser.
+        sizes: default of ``--sizes``.
+    """
+    parser.add_argument("--sizes", type=int, nargs="+", default=sizes)
+    parser.add_argument("--dim", type=int, default=128)
+    add_timing_flags(parser)
+    parser.add_argument("--pml-max", type=int, default=4096)
+
+
+def bench_main(
+    parser: argparse.ArgumentParser,
+    run_case: Callable[..., dict],
+    report: Callable[[argparse.Namespace], None],
+) -> None:
+    """Parses the command line; a ``--child CASE NUMBER...`` call prints
+    ``run_case(CASE, *map(int, NUMBERS))`` as one JSON line, any other call runs ``report``.
+
+    Args:
+        parser: the script's parser (with :func:`add_timing_flags`).
+        run_case: measures one case in this process, returns ``{"time", "peak"}``.
+        report: measures every case through subprocesses and prints the table.
+    """
+    args = parser.parse_args()
+    if args.child:
+        case, *numbers = args.child
+        print(json.dumps(run_case(case, *map(int, numbers))))
+    else:
+        report(args)
+
+
+# -- subprocesses ---------------------------------------------------------------------------------
+def measure_in_child(
+    script: str,
+    case: str,
+    numbers: Sequence[int],
+    args: argparse.Namespace,
+    memory_pass: bool = False,
+    env_extra: dict | None = None,
+) -> dict:
+    """Measures ``case`` by running ``script --child case *numbers warmup repeats [threads]``.
+
+    Args:
+        script: the benchmark script (its ``__file__``).
+        case: the case name.
+        numbers: the script's own child arguments, before ``--warmup`` and ``--repeats``.
+        args: the parsed command line; ``--threads`` is passed last when the script has it.
+        memory_pass: take the peak from a second child (no warm-up, one call) run with
+            :data:`LOW_MMAP_THRESHOLD`, keeping the allocator setting out of the timing run.
+        env_extra: environment of the timing child on top of ours.
+    """
+    threads = [args.threads] if "threads" in args else []
+    child = [script, "--child", case, *numbers]
+    timing = run_json(child + [args.warmup, args.repeats, *threads], env_extra)
+    if not memory_pass:
+        return timing
+    memory = run_json(child + [0, 1, *threads], LOW_MMAP_THRESHOLD)
+    return {"time": timing["time"], "peak": memory["peak"]}
+
+
+def measure_cases(
+    script: str, cases: list[str], numbers: Sequence[int], args: argparse.Namespace, **kwargs
+) -> dict:
+    """Every case through :func:`measure_in_child` (``kwargs`` go there), ``args.rounds``
+    interleaved rounds (:func:`best_over_rounds`): ``{case: {"time", "peak"}}``."""
+    measure = partial(measure_in_child, script, numbers=numbers, args=args, **kwargs)
+    return best_over_rounds(measure, cases, args.rounds)
+
+
+def measure_sizes(
+    script: str, cases: list[str], args: argparse.Namespace
+) -> Iterable[tuple[int, dict]]:
+    """For each N of ``--sizes``: ``(N, measure_cases(...))`` with child numbers ``N, --dim``;
+    the case ``"pml"`` is left out above ``--pml-max``."""
+    for n in args.sizes:
+        kept = [case for case in cases if case != "pml" or n <= args.pml_max]
+        yield n, measure_cases(script, kept, [n, args.dim], args)
+
+
+# -- inside a child -------------------------------------------------------------------------------
+def time_backward(x: torch.Tensor, compute: Callable[[], torch.Tensor], warmup: int, repeats: int):
+    """:func:`time_calls` of ``compute().backward()``, clearing ``x.grad`` before each call."""
+
+    def step():
+        x.grad = None
+        compute().backward()
+
+    return time_calls(step, warmup, repeats)
+
+
+def product_floor(x: torch.Tensor, ref: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """``S = x @ ref.T; (S * S).sum()``: the cost of touching every pair once."""
+    return lambda: (lambda s: (s * s).sum())(x @ ref.T)
+
+
+def run_pairwise_case(
+    make_loss: Callable[[str], Callable],
+    case: str,
+    n: int,
+    dim: int,
+    warmup: int,
+    repeats: int,
+    threads: int,
+) -> dict:
+    """One case of an "at each N" script: ``n`` random ``dim``-d embeddings, 4 per class, the
+    loss ``make_loss(case)`` or, for ``case == "floor"``, :func:`product_floor`."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    x = torch.randn(n, dim, requires_grad=True)
+    labels = torch.arange(n) // 4
+    if case == "floor":
+        compute = product_floor(x, x)
+    else:
+        loss_fn = make_loss(case)
+        compute = lambda: loss_fn(x, labels)  # noqa: E731
+    return time_backward(x, compute, warmup, repeats)
+
+
+# -- the table ------------------------------------------------------------------------------------
+def print_header(columns: list[str], text_first: bool = True) -> None:
+    """A Markdown table header; every column right-aligned but a text first column."""
+    print("| " + " | ".join(columns) + " |")
+    print(
+        "| " + " | ".join(["---" if text_first else "---:"] + ["---:"] * (len(columns) - 1)) + " |"
+    )
+
+
+def print_row(cells: Iterable) -> None:
+    """One Markdown table row, flushed."""
+    print("| " + " | ".join(str(cell) for cell in cells) + " |", flush=True)
+
+
+def mib(result: dict) -> str:
+    """``result["peak"]`` in whole MiB."""
+    return f"{result['peak'] / 2**20:.0f}"
+
+
+def versus_pml(ours: dict, pml: dict | None) -> tuple[str, str]:
+    """``("PML / ours" time, "ours / PML" memory)`` cells; ``"-"`` both when PML was skipped."""
+    if pml is None:
+        return "-", "-"
+    return f"{pml['time'] / ours['time']:.1f}x", f"1/{pml['peak'] / max(ours['peak'], 1):.0f}"
+
+
+def note_pml_skipped(args: argparse.Namespace, cost: str) -> None:
+    """Says below the table that PML was skipped above ``--pml-max`` (for its ``cost``)."""
+    if any(n > args.pml_max for n in args.sizes):
+        print(f"PML skipped above N={args.pml_max} (--pml-max): {cost} memory.")

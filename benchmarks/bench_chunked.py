@@ -21,20 +21,27 @@ Run: ``python benchmarks/bench_chunked.py``.
 
 from __future__ import annotations
 
-import argparse
-import json
-from functools import partial
+import torch
+from _measure import (
+    add_timing_flags,
+    bench_main,
+    bench_parser,
+    measure_cases,
+    mib,
+    print_header,
+    print_row,
+    time_calls,
+)
 
-from _measure import LOW_MMAP_THRESHOLD, best_over_rounds, run_json, time_calls
+from pml_rank_plugins.losses import FastAPLoss
+from pml_rank_plugins.models import ConvEmbedder
+from pml_rank_plugins.trainers import chunked_backward
+
+CASES = ["chunked", "plain small", "plain large"]
 
 
 def run_case(case: str, batch: int, chunk: int, warmup: int, repeats: int) -> dict:
-    import torch
-
-    from pml_rank_plugins.losses import FastAPLoss
-    from pml_rank_plugins.models import ConvEmbedder
-    from pml_rank_plugins.trainers import chunked_backward
-
+    """Runs inside the subprocess: returns best time (s) and peak RSS growth (bytes)."""
     torch.manual_seed(0)
     model = ConvEmbedder(in_channels=1, embedding_dim=64)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -54,46 +61,31 @@ def run_case(case: str, batch: int, chunk: int, warmup: int, repeats: int) -> di
     return time_calls(step, warmup, repeats)
 
 
-def measure(case: str, args) -> dict:
-    child = [__file__, "--child", case, args.batch, args.chunk]
-    timing = run_json(child + [args.warmup, args.repeats])
-    memory = run_json(child + [0, 1], LOW_MMAP_THRESHOLD)
-    return {"time": timing["time"], "peak": memory["peak"]}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=4096)
-    parser.add_argument("--chunk", type=int, default=128)
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    parser.add_argument("--repeats", type=int, default=2, help="timed steps; best is kept")
-    parser.add_argument("--rounds", type=int, default=2, help="subprocess rounds per case")
-    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        case, *numbers = args.child
-        print(json.dumps(run_case(case, *map(int, numbers))))
-        return
-    cases = ["chunked", "plain small", "plain large"]
-    results = best_over_rounds(partial(measure, args=args), cases, args.rounds)
+def report(args) -> None:
+    """Measures every case, prints the table and the two target ratios."""
+    numbers = [args.batch, args.chunk]
+    results = measure_cases(__file__, CASES, numbers, args, memory_pass=True)
     print(
         f"ConvEmbedder + FastAPLoss, 32x32 inputs, batch {args.batch}, chunk {args.chunk}, "
         f"CPU, {args.warmup} warm-up step(s), best of {args.repeats} timed x {args.rounds} "
         "rounds; peak = RSS growth during one step"
     )
-    print("| case | items per step | s per step | peak MiB |")
-    print("| --- | ---: | ---: | ---: |")
-    for case, items in (
-        ("chunked", args.batch),
-        ("plain small", args.chunk),
-        ("plain large", args.batch),
-    ):
+    print_header(["case", "items per step", "s per step", "peak MiB"])
+    for case, items in zip(CASES, (args.batch, args.chunk, args.batch)):
         r = results[case]
-        print(f"| {case} | {items} | {r['time']:.2f} | {r['peak'] / 2**20:.0f} |")
+        print_row([case, items, f"{r['time']:.2f}", mib(r)])
     mem = results["chunked"]["peak"] / max(results["plain small"]["peak"], 1)
     slow = results["chunked"]["time"] / results["plain large"]["time"]
     print(f"chunked peak / plain small peak: {mem:.2f}x (target <= 1.3x)")
     print(f"chunked time / plain large time: {slow:.2f}x (target <= 1.5x)")
+
+
+def main() -> None:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--chunk", type=int, default=128)
+    add_timing_flags(parser, unit="steps", repeats=2, threads=None)
+    bench_main(parser, run_case, report)
 
 
 if __name__ == "__main__":

@@ -22,15 +22,31 @@ processes the 2-process times measure contention, not scaling: report the core c
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
 import sys
 import tempfile
-from functools import partial
 
-from _measure import LOW_MMAP_THRESHOLD, best_over_rounds, run_json, time_calls
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from _measure import (
+    LOW_MMAP_THRESHOLD,
+    add_timing_flags,
+    bench_main,
+    bench_parser,
+    measure_cases,
+    mib,
+    print_header,
+    print_row,
+    time_calls,
+)
+
+from pml_rank_plugins.losses import FastAPLoss
+from pml_rank_plugins.models import ConvEmbedder
+from pml_rank_plugins.trainers import all_gather_with_grad, chunked_backward
+from pml_rank_plugins.trainers.distributed import local_slice
 
 CASES = ["plain R=1", "plain R=2", "chunked R=1", "chunked R=2"]
 
@@ -43,14 +59,6 @@ def _free_port() -> int:
 
 def run_rank(rank: int, world: int, port: int, kind: str, numbers: list, out: str) -> None:
     """One process of a case: build, warm up, time; writes ``{"time", "peak"}`` to ``out.rank``."""
-    import torch
-    import torch.distributed as dist
-
-    from pml_rank_plugins.losses import FastAPLoss
-    from pml_rank_plugins.models import ConvEmbedder
-    from pml_rank_plugins.trainers import all_gather_with_grad, chunked_backward
-    from pml_rank_plugins.trainers.distributed import local_slice
-
     batch, chunk, warmup, repeats, threads = numbers
     torch.set_num_threads(threads)
     if world > 1:
@@ -83,8 +91,13 @@ def run_rank(rank: int, world: int, port: int, kind: str, numbers: list, out: st
             dist.destroy_process_group()
 
 
-def run_case(case: str, numbers: list) -> dict:
-    """All processes of one case; the slowest time and the largest per-process peak."""
+def run_case(case: str, *numbers: int) -> dict:
+    """All processes of one case; the slowest time and the largest per-process peak.
+
+    Args:
+        case: ``"plain R=1"``, ``"chunked R=2"``, ...
+        numbers: batch, chunk, warmup, repeats, threads.
+    """
     kind, world = case.split(" R=")
     world = int(world)
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,8 +105,6 @@ def run_case(case: str, numbers: list) -> dict:
         if world == 1:
             run_rank(0, 1, 0, kind, numbers, out)
         else:
-            import torch.multiprocessing as mp
-
             mp.spawn(run_rank, (world, _free_port(), kind, numbers, out), nprocs=world, join=True)
         results = []
         for rank in range(world):
@@ -105,57 +116,50 @@ def run_case(case: str, numbers: list) -> dict:
     }
 
 
-def measure(case: str, args) -> dict:
-    numbers = [args.batch, args.chunk]
-    child = [__file__, "--child", case, *numbers]
-    if args.single_pass:  # smoke runs: time and memory from one subprocess
-        return run_json(child + [args.warmup, args.repeats, args.threads], LOW_MMAP_THRESHOLD)
-    timing = run_json(child + [args.warmup, args.repeats, args.threads])
-    memory = run_json(child + [0, 1, args.threads], LOW_MMAP_THRESHOLD)
-    return {"time": timing["time"], "peak": memory["peak"]}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=1024, help="global batch")
-    parser.add_argument("--chunk", type=int, default=128, help="chunk size of the chunked cases")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    parser.add_argument("--repeats", type=int, default=2, help="timed steps; best is kept")
-    parser.add_argument("--rounds", type=int, default=2, help="subprocess rounds per case")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument(
-        "--single-pass",
-        action="store_true",
-        help="time and memory from one subprocess per case (quick checks; times are slower)",
+def report(args) -> None:
+    """Measures every case, prints the table and the 2-process / 1-process ratios."""
+    results = measure_cases(
+        __file__,
+        CASES,
+        [args.batch, args.chunk],
+        args,
+        memory_pass=not args.single_pass,  # smoke runs: time and memory from one subprocess
+        env_extra=LOW_MMAP_THRESHOLD if args.single_pass else None,
     )
-    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        case, *numbers = args.child
-        print(json.dumps(run_case(case, [int(n) for n in numbers])))
-        return
-    results = best_over_rounds(partial(measure, args=args), CASES, args.rounds)
     print(
         f"ConvEmbedder + FastAPLoss, 32x32 inputs, global batch {args.batch}, chunk {args.chunk}, "
         f"CPU gloo, {args.threads} thread(s) per process, {os.cpu_count()} CPU cores visible, "
         f"{args.warmup} warm-up step(s), best of {args.repeats} timed x {args.rounds} rounds; "
         "peak = largest per-process RSS growth during one step"
     )
-    print("| case | processes | items embedded per process | s per step | peak MiB per process |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print_header(
+        ["case", "processes", "items embedded per process", "s per step", "peak MiB per process"]
+    )
     for case in CASES:
         world = int(case.split("R=")[1])
         r = results[case]
-        print(
-            f"| {case} | {world} | {args.batch // world} | {r['time']:.2f} | "
-            f"{r['peak'] / 2**20:.0f} |"
-        )
+        print_row([case, world, args.batch // world, f"{r['time']:.2f}", mib(r)])
     for kind in ("plain", "chunked"):
         one, two = results[f"{kind} R=1"], results[f"{kind} R=2"]
         print(
             f"{kind}: 2-process / 1-process time {two['time'] / one['time']:.2f}x, "
             f"peak per process {two['peak'] / max(one['peak'], 1):.2f}x"
         )
+
+
+def main() -> None:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--batch", type=int, default=1024, help="global batch")
+    parser.add_argument("--chunk", type=int, default=128, help="chunk size of the chunked cases")
+    add_timing_flags(
+        parser, unit="steps", repeats=2, threads=1, threads_help="torch threads per process"
+    )
+    parser.add_argument(
+        "--single-pass",
+        action="store_true",
+        help="time and memory from one subprocess per case (quick checks; times are slower)",
+    )
+    bench_main(parser, run_case, report)
 
 
 if __name__ == "__main__":

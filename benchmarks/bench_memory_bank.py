@@ -25,19 +25,26 @@ growth O(batch x memory). Run: ``python benchmarks/bench_memory_bank.py [--memor
 
 from __future__ import annotations
 
-import argparse
-import json
-from functools import partial
+import torch
+from _measure import (
+    add_timing_flags,
+    bench_main,
+    bench_parser,
+    measure_cases,
+    mib,
+    print_header,
+    print_row,
+    product_floor,
+    time_backward,
+)
 
-from _measure import best_over_rounds, run_json, time_calls
+from pml_rank_plugins.losses import CrossBatchMemory, FastAPLoss, QuantizedAPLoss, RankedListLoss
 
 LOSSES = ["fastap", "qap", "rll"]
 CASES = ["floor"] + LOSSES + [f"{name}_ref" for name in LOSSES]
 
 
 def _make_loss(name: str):
-    from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss, RankedListLoss
-
     if name == "fastap":
         return FastAPLoss(num_bins=10)
     if name == "qap":
@@ -47,10 +54,6 @@ def _make_loss(name: str):
 
 def run_case(case: str, memory: int, batch: int, dim: int, warmup: int, repeats: int, threads):
     """Runs inside the subprocess: returns best time (s) and peak RSS growth (bytes)."""
-    import torch
-
-    from pml_rank_plugins.losses import CrossBatchMemory
-
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     mem = torch.randn(memory, dim)
@@ -58,7 +61,7 @@ def run_case(case: str, memory: int, batch: int, dim: int, warmup: int, repeats:
     x = torch.randn(batch, dim, requires_grad=True)
     labels = mem_labels[torch.randint(0, memory, (batch,))]
     if case == "floor":
-        compute = lambda: (lambda s: (s * s).sum())(x @ mem.T)  # noqa: E731
+        compute = product_floor(x, mem)
     elif case.endswith("_ref"):
         loss_fn = _make_loss(case[: -len("_ref")])
         compute = lambda: loss_fn(x, labels, ref_emb=mem, ref_labels=mem_labels)  # noqa: E731
@@ -68,55 +71,40 @@ def run_case(case: str, memory: int, batch: int, dim: int, warmup: int, repeats:
         loss_fn.label_memory = mem_labels.clone()
         loss_fn.has_been_filled = True
         compute = lambda: loss_fn(x, labels)  # noqa: E731
-
-    def step():
-        x.grad = None
-        compute().backward()
-
-    return time_calls(step, warmup, repeats)
+    return time_backward(x, compute, warmup, repeats)
 
 
-def measure(case: str, args) -> dict:
-    child = [__file__, "--child", case, args.memory, args.batch, args.dim]
-    child += [args.warmup, args.repeats, args.threads]
-    return run_json(child)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--memory", type=int, default=65536)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--warmup", type=int, default=1, help="untimed calls first")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls; best is kept")
-    parser.add_argument("--rounds", type=int, default=2, help="subprocess rounds per case")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        case, *numbers = args.child
-        print(json.dumps(run_case(case, *map(int, numbers))))
-        return
+def report(args) -> None:
+    """Measures every case, prints the table."""
     print(
         f"Memory bank: batch {args.batch} vs memory {args.memory}, d={args.dim}, CPU, "
         f"{args.threads} threads, {args.warmup} warm-up step(s), best of {args.repeats} timed x "
         f"{args.rounds} rounds; peak = RSS growth during all steps"
     )
-    best = best_over_rounds(partial(measure, args=args), CASES, args.rounds)
+    best = measure_cases(__file__, CASES, [args.memory, args.batch, args.dim], args)
     floor = best["floor"]
     pairs = args.batch * args.memory
-    print("| case | s / step | vs floor | peak MiB | bytes / pair |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print_header(["case", "s / step", "vs floor", "peak MiB", "bytes / pair"])
     for case in CASES:
         r = best[case]
-        row = [
-            case,
-            f"{r['time']:.3f}",
-            f"{r['time'] / floor['time']:.2f}x",
-            f"{r['peak'] / 2**20:.0f}",
-            f"{r['peak'] / pairs:.1f}",
-        ]
-        print("| " + " | ".join(row) + " |", flush=True)
+        print_row(
+            [
+                case,
+                f"{r['time']:.3f}",
+                f"{r['time'] / floor['time']:.2f}x",
+                mib(r),
+                f"{r['peak'] / pairs:.1f}",
+            ]
+        )
+
+
+def main() -> None:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--memory", type=int, default=65536)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--dim", type=int, default=128)
+    add_timing_flags(parser)
+    bench_main(parser, run_case, report)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import time
 import warnings
 
 import numpy as np
-from _measure import time_calls
+from _measure import print_header, print_row, time_calls
 from pytorch_metric_learning.samplers import HierarchicalSampler
 
 from pml_rank_plugins.samplers import CategoryHardSampler, RandomClassSampler
@@ -61,10 +61,9 @@ def main() -> None:
         ("HierarchicalSampler (PML)", pml_init, pml_epoch, len(pml.batches), short),
         ("RandomClassSampler (ours)", float("nan"), rand_epoch, len(rand), 0),
     ]
-    print("| sampler | init s | epoch s | batches | short batches |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print_header(["sampler", "init s", "epoch s", "batches", "short batches"])
     for name, init, epoch, batches, n_short in rows:
-        print(f"| {name} | {init:.3f} | {epoch:.3f} | {batches} | {n_short} |")
+        print_row([name, f"{init:.3f}", f"{epoch:.3f}", batches, n_short])
     print(
         f"epoch-construction ratio PML / ours: {pml_epoch / ours_epoch:.2f}x "
         f"(target: ours < 1 s: {'met' if ours_epoch < 1 else 'NOT met'})"

@@ -80,12 +80,33 @@ class ClassBatchSampler(BatchSampler):
     def _add_pool(self, key, members: np.ndarray) -> None:
         self._pool_members[key] = members
 
-    def _labeled_category_pools(self, size: int) -> dict:
-        """The pools of the labeled categories (not -1) that can fill ``size`` items, by
-        category id; the others are excluded with a warning naming them."""
+    def _part_size(self, parts: int, indivisible: str, part_name: str) -> int:
+        """``batch_size / parts``, the items of each part of a batch.
+
+        Args:
+            parts: how many equal parts a batch is split into.
+            indivisible: the ``ValueError`` message when ``batch_size`` is not divisible by
+                ``parts``.
+            part_name: what a part is called in the ``ValueError`` when it would hold < 2 items.
+        """
+        if self.batch_size % parts:
+            raise ValueError(indivisible)
+        size = self.batch_size // parts
+        if size < 2:
+            raise ValueError(f"{part_name} must hold >= 2 items, got {size}")
+        return size
+
+    def _add_category_pools(self, size: int) -> dict:
+        """Add a pool per labeled category (not -1) that can fill ``size`` items and set
+        ``self.categories`` to their sorted ids; the others are excluded with a warning naming
+        them. Returns the added pools by category id."""
         categories = sorted(set(self.pools.class_category.tolist()) - {UNLABELED})
         candidates = {int(c): self.pools.pool(c) for c in categories}
-        return self._usable_pools(candidates, size, "category")
+        usable = self._usable_pools(candidates, size, "category")
+        for key, members in usable.items():
+            self._add_pool(key, members)
+        self.categories = sorted(usable)
+        return usable
 
     def _usable_pools(self, candidates: dict, size: int, what: str) -> dict:
         """Keep the candidate pools that can fill ``size`` items; warn naming each excluded one."""
@@ -103,6 +124,12 @@ class ClassBatchSampler(BatchSampler):
         """Use ``epoch`` (an integer >= 0) for the next iteration (later iterations continue from
         it)."""
         self.epoch = check_int(epoch, "epoch", minimum=0)
+
+    @staticmethod
+    def _shuffled(specs: list[tuple], generator: torch.Generator) -> list[tuple]:
+        """``specs`` in an order drawn from ``generator``."""
+        order = torch.randperm(len(specs), generator=generator).tolist()
+        return [specs[i] for i in order]
 
     def _generator(self, epoch: int) -> torch.Generator:
         state = np.random.SeedSequence([self.seed, epoch]).generate_state(2, dtype=np.uint32)

@@ -51,25 +51,20 @@ class CategoryHardSampler(ClassBatchSampler):
         )
         categories_per_batch = check_int(categories_per_batch, "categories_per_batch", minimum=2)
         batches_per_pair = check_int(batches_per_pair, "batches_per_pair", minimum=1)
-        if batch_size % categories_per_batch:
-            raise ValueError(
-                f"batch_size ({batch_size}) must be divisible by categories_per_batch "
-                f"({categories_per_batch})"
-            )
-        self.part_size = batch_size // categories_per_batch
-        if self.part_size < 2:
-            raise ValueError(f"each category's part must hold >= 2 items, got {self.part_size}")
+        self.part_size = self._part_size(
+            categories_per_batch,
+            f"batch_size ({self.batch_size}) must be divisible by categories_per_batch "
+            f"({categories_per_batch})",
+            "each category's part",
+        )
         self.batches_per_pair = batches_per_pair
         self.categories_per_batch = categories_per_batch
-        usable = self._labeled_category_pools(self.part_size)
+        usable = self._add_category_pools(self.part_size)
         if len(usable) < categories_per_batch:
             raise ValueError(
                 f"need >= {categories_per_batch} categories able to fill {self.part_size} items "
                 f"each, found {len(usable)} (the others were excluded with a warning)"
             )
-        for key, members in usable.items():
-            self._add_pool(key, members)
-        self.categories = sorted(usable)
         self.combinations = list(itertools.combinations(self.categories, categories_per_batch))
 
     def _num_epoch_batches(self) -> int:
@@ -81,5 +76,4 @@ class CategoryHardSampler(ClassBatchSampler):
             for combination in self.combinations
             for _ in range(self.batches_per_pair)
         ]
-        order = torch.randperm(len(specs), generator=generator).tolist()
-        return [specs[i] for i in order]
+        return self._shuffled(specs, generator)

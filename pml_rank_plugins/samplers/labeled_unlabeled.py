@@ -35,11 +35,9 @@ class LabeledUnlabeledSampler(ClassBatchSampler):
         super().__init__(
             labels, batch_size, categories, samples_per_class, seed, num_replicas, rank
         )
-        if batch_size % 2:
-            raise ValueError(f"batch_size must be even (two halves), got {batch_size}")
-        self.part_size = batch_size // 2
-        if self.part_size < 2:
-            raise ValueError(f"each half must hold >= 2 items, got {self.part_size}")
+        self.part_size = self._part_size(
+            2, f"batch_size must be even (two halves), got {self.batch_size}", "each half"
+        )
         unlabeled = self.pools.pool(UNLABELED)
         problem = self.pools.pool_problem(unlabeled, self.part_size)
         if problem is not None:
@@ -47,14 +45,11 @@ class LabeledUnlabeledSampler(ClassBatchSampler):
                 f"the unlabeled items (category -1) cannot fill a half: they {problem}"
             )
         self._add_pool(_UNLABELED_POOL, unlabeled)
-        usable = self._labeled_category_pools(self.part_size)
+        usable = self._add_category_pools(self.part_size)
         if not usable:
             raise ValueError(f"no labeled category can fill a half of {self.part_size} items")
-        for key, members in usable.items():
-            self._add_pool(key, members)
-        self.categories = sorted(usable)
         sizes = np.array([self.pools.counts[usable[c]].sum() for c in self.categories], float)
-        self.batches_per_category = _apportion(sizes, int(2 * sizes.sum() // batch_size))
+        self.batches_per_category = _apportion(sizes, int(2 * sizes.sum() // self.batch_size))
 
     def _num_epoch_batches(self) -> int:
         return max(1, int(self.batches_per_category.sum()))
@@ -68,8 +63,7 @@ class LabeledUnlabeledSampler(ClassBatchSampler):
         if not specs:  # fewer labeled items than half a batch: one batch of the largest category
             largest = self.categories[int(np.argmax(self.batches_per_category))]
             specs = [((largest, self.part_size), (_UNLABELED_POOL, self.part_size))]
-        order = torch.randperm(len(specs), generator=generator).tolist()
-        return [specs[i] for i in order]
+        return self._shuffled(specs, generator)
 
 
 def _apportion(weights: np.ndarray, total: int) -> np.ndarray:

@@ -1,6 +1,9 @@
-"""Hypothesis strategies for random two-level label structures."""
+"""Hypothesis strategies for random two-level label structures and shared sampler helpers."""
 
 from __future__ import annotations
+
+import re
+import warnings
 
 import numpy as np
 from hypothesis import strategies as st
@@ -33,3 +36,16 @@ def check_batch_invariants(batch, labels, batch_size):
     classes, counts = np.unique(labels[batch, 0], return_counts=True)
     assert counts.min() >= 2, f"class with a single item in batch: {dict(zip(classes, counts))}"
     return classes
+
+
+def build_or_none(sampler_class, labels, batch_size, refusal, **kwargs):
+    """``sampler_class(labels, batch_size, **kwargs)`` with warnings silenced, or ``None`` when it
+    raises a ``ValueError`` whose message matches the regex ``refusal`` (a label structure that
+    cannot serve this batch size); any other error propagates."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return sampler_class(labels, batch_size, **kwargs)
+    except ValueError as error:
+        assert re.search(refusal, str(error)), str(error)
+        return None

@@ -1,6 +1,5 @@
 import itertools
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -10,20 +9,16 @@ from hypothesis import strategies as st
 
 from pml_rank_plugins.samplers import CategoryHardSampler
 
-from .strategies import check_batch_invariants, two_level_labels
+from .strategies import build_or_none, check_batch_invariants, two_level_labels
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def build(labels, batch_size, **kwargs):
     """The sampler, or None when the label structure cannot serve this batch size."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return CategoryHardSampler(labels, batch_size, **kwargs)
-    except ValueError as error:
-        assert "categories able to fill" in str(error)
-        return None
+    return build_or_none(
+        CategoryHardSampler, labels, batch_size, "categories able to fill", **kwargs
+    )
 
 
 @SETTINGS

@@ -1,5 +1,3 @@
-import warnings
-
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -7,17 +5,18 @@ from hypothesis import strategies as st
 
 from pml_rank_plugins.samplers import LabeledUnlabeledSampler
 
-from .strategies import check_batch_invariants, two_level_labels
+from .strategies import build_or_none, check_batch_invariants, two_level_labels
 
 
 def build(labels, batch_size, **kwargs):
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return LabeledUnlabeledSampler(labels, batch_size, **kwargs)
-    except ValueError as error:
-        assert "cannot fill a half" in str(error) or "no labeled category" in str(error)
-        return None
+    """The sampler, or None when the label structure cannot serve this batch size."""
+    return build_or_none(
+        LabeledUnlabeledSampler,
+        labels,
+        batch_size,
+        "cannot fill a half|no labeled category",
+        **kwargs,
+    )
 
 
 @settings(max_examples=50, deadline=None)

@@ -1,5 +1,4 @@
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -8,17 +7,12 @@ from hypothesis import strategies as st
 
 from pml_rank_plugins.samplers import RandomClassSampler
 
-from .strategies import check_batch_invariants, two_level_labels
+from .strategies import build_or_none, check_batch_invariants, two_level_labels
 
 
 def build(labels, batch_size, **kwargs):
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return RandomClassSampler(labels, batch_size, **kwargs)
-    except ValueError as error:
-        assert "cannot fill a batch" in str(error)
-        return None
+    """The sampler, or None when the label structure cannot serve this batch size."""
+    return build_or_none(RandomClassSampler, labels, batch_size, "cannot fill a batch", **kwargs)
 
 
 @settings(max_examples=50, deadline=None)
