@@ -1,12 +1,13 @@
 # Two entry points for a fresh machine (see README.md):
 #   make demo  -- builds .venv, then runs the main job on the embedded GlyphDataset
 #   make test  -- builds .venv, then runs the test suite
+#   make docs  -- builds the Sphinx site into docs/_build/html (warnings are errors)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format clean
+.PHONY: demo test docs lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +21,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q
+
+docs: $(STAMP)
+	$(PY) -m sphinx -W -b html docs docs/_build/html
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pml_rank_plugins tests benchmarks

@@ -1,10 +1,15 @@
-"""Every code block of README.md works as written (issue 12, item 15).
+"""Every code block of README.md and of every docs page works as written (issue 12, item 15;
+issue 19, item 7).
 
-Rules (also stated in the README's Quick start):
+The files checked are README.md and every ``docs/**/*.md`` page (``docs/_build`` excluded), each
+file separately (tests are parametrized per file or per block, ids ``<file>:<line>``). Rules (also
+stated in the README's Quick start and on docs/getting-started.md):
 
-* ```python blocks run in order in one shared namespace (the Quick start's setup block defines
-  ``dataset``, ``model``, ``models``, ``optimizer(s)``, ``images``, ``labels``, ``embeddings``),
-  in a temporary working folder;
+* ```python blocks of one file run in order in one shared namespace, in a temporary working
+  folder. README.md's first python block is the Quick start's setup block (it defines
+  ``dataset``, ``model``, ``models``, ``optimizer(s)``, ``images``, ``labels``, ``embeddings``);
+  for a docs page the namespace starts from that setup block, run first, and every other name a
+  page uses is defined on that page;
 * ```yaml blocks are configs or config fragments: a fragment is merged over the base of
   ``configs/default.yaml``; each method validates (names, keywords) and its models, losses,
   miners, optimizers, lr schedulers and tester are built (the dataset and sampler are validated
@@ -12,11 +17,17 @@ Rules (also stated in the README's Quick start):
 * ```bash lines (after joining ``\\`` continuations and dropping comments) are ``pml-rank`` /
   ``python -m pml_rank_plugins`` / ``torchrun ... -m pml_rank_plugins`` commands that the real
   argument parser accepts, ``make`` targets the Makefile defines, or ``python``/``PYTHONPATH=.
-  python`` scripts that exist; any other command fails (put transcripts in ```text blocks).
+  python`` scripts that exist, or scripts of the repository run directly
+  (``scripts/run_ablations.sh``); any other command fails.
+
+There is no silent skip: a block that must not be checked (a transcript, program output, a
+command for another machine that the parser cannot accept) is written as a ```text block, which
+these tests do not read.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -37,12 +48,23 @@ from pml_rank_plugins.experiment.schema import (
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
 
 
-def blocks(lang: str) -> list[tuple[int, str]]:
-    """``(line number, code)`` of every fenced block of ``lang``."""
-    text = README.read_text()
+def doc_files() -> list[Path]:
+    """README.md, then every Markdown page of the docs site (not the build output)."""
+    pages = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.relative_to(DOCS).parts)
+    return [README, *pages]
+
+
+def _name(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def blocks(lang: str, path: Path = README) -> list[tuple[int, str]]:
+    """``(line number, code)`` of every fenced block of ``lang`` in ``path``."""
+    text = path.read_text()
     return [
         (text[: m.start()].count("\n") + 1, m.group(2))
         for m in FENCE.finditer(text)
@@ -50,20 +72,50 @@ def blocks(lang: str) -> list[tuple[int, str]]:
     ]
 
 
+def block_params(lang: str) -> list:
+    """One ``pytest.param(where, code)`` per ``lang`` block of every file, id ``<file>:<line>``."""
+    return [
+        pytest.param(f"{_name(path)} line {line}", code, id=f"{_name(path)}:{line}")
+        for path in doc_files()
+        for line, code in blocks(lang, path)
+    ]
+
+
+def _files_with(lang: str) -> list:
+    return [pytest.param(p, id=_name(p)) for p in doc_files() if blocks(lang, p)]
+
+
+def setup_block() -> str:
+    """The Quick start's setup block: README.md's first python block."""
+    return blocks("python")[0][1]
+
+
 def test_readme_has_blocks_of_each_kind():
-    assert len(blocks("python")) >= 5 and len(blocks("yaml")) >= 2 and len(blocks("bash")) >= 2
+    assert len(blocks("python")) >= 2 and len(blocks("yaml")) >= 1 and len(blocks("bash")) >= 2
+    assert "dataset = GlyphDataset(" in setup_block()
+    every = {lang: sum(len(blocks(lang, p)) for p in doc_files()) for lang in ("python", "yaml")}
+    assert every["python"] >= 5 and every["yaml"] >= 2, every
 
 
-@pytest.mark.slow  # about 8 s of CPU: dataset render, one tiny epoch, a chunked step
-def test_python_blocks_run_in_order(tmp_path, monkeypatch):
+def test_docs_pages_are_found():
+    names = {_name(p) for p in doc_files()}
+    assert {"docs/index.md", "docs/getting-started.md", "docs/api/index.md"} <= names, names
+
+
+@pytest.mark.slow  # seconds of CPU per file: dataset render, a tiny epoch, a chunked step
+@pytest.mark.parametrize("path", _files_with("python"))
+def test_python_blocks_run_in_order(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "readme"}
+    code_blocks = [(f"{_name(path)} line {line}", code) for line, code in blocks("python", path)]
+    if path != README:  # a docs page starts from the Quick start's setup block
+        code_blocks.insert(0, ("README.md setup block", setup_block()))
     try:
-        for line, code in blocks("python"):
+        for where, code in code_blocks:
             try:
-                exec(compile(code, f"README.md:{line}", "exec"), namespace)
+                exec(compile(code, where.replace(" line ", ":"), "exec"), namespace)
             except Exception as e:
-                raise AssertionError(f"README.md line {line}: {type(e).__name__}: {e}") from e
+                raise AssertionError(f"{where}: {type(e).__name__}: {e}") from e
     finally:
         for name in ("MyNet",):  # the registration example must not leak into other tests
             registry.unregister(name)
@@ -85,12 +137,12 @@ def _build_cheap_parts(config: dict) -> None:
     builder.build_tester(config, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("line, code", blocks("yaml"), ids=lambda v: str(v)[:20])
-def test_yaml_blocks_are_valid_configs(line, code):
+@pytest.mark.parametrize("where, code", block_params("yaml"))
+def test_yaml_blocks_are_valid_configs(where, code):
     data = parse_yaml(code)
-    assert isinstance(data, dict), f"README.md line {line}: not a mapping"
+    assert isinstance(data, dict), f"{where}: not a mapping"
     unknown = set(data) - TOP_LEVEL_KEYS
-    assert not unknown, f"README.md line {line}: not config keys {unknown} (use a text block)"
+    assert not unknown, f"{where}: not config keys {unknown} (use a text block)"
     complete = all(k in data for k in ("dataset", "models", "loss_funcs", "trainer"))
     config = data if complete else deep_merge(_base_config(), data)
     for name, cfg in expand_methods(config).items():
@@ -98,7 +150,7 @@ def test_yaml_blocks_are_valid_configs(line, code):
             validate(cfg)
             _build_cheap_parts(cfg)
         except Exception as e:
-            raise AssertionError(f"README.md line {line}, {name}: {type(e).__name__}: {e}") from e
+            raise AssertionError(f"{where}, {name}: {type(e).__name__}: {e}") from e
 
 
 def _commands(code: str) -> list[str]:
@@ -135,16 +187,27 @@ def check_command(argv: list[str], where: str) -> None:
         assert not missing, f"{where}: no Makefile target {missing}"
     elif head in ("python", "python3"):
         assert (ROOT / argv[1]).is_file(), f"{where}: no script {argv[1]}"
+    elif "/" in head and not head.startswith("/"):  # a repository script run directly
+        script = ROOT / head
+        assert script.is_file(), f"{where}: no script {head}"
+        assert os.access(script, os.X_OK), f"{where}: {head} is not executable"
     else:
         raise AssertionError(f"{where}: unchecked command {head!r} (use a text block)")
 
 
-@pytest.mark.parametrize("line, code", blocks("bash"), ids=lambda v: str(v)[:20])
-def test_bash_blocks_are_real_commands(line, code):
+@pytest.mark.parametrize("where, code", block_params("bash"))
+def test_bash_blocks_are_real_commands(where, code):
     commands = _commands(code)
-    assert commands, f"README.md line {line}: empty bash block"
+    assert commands, f"{where}: empty bash block"
     for argv in commands:
-        check_command(argv, f"README.md line {line}")
+        check_command(argv, where)
+
+
+@pytest.mark.parametrize("lang", ["sh", "shell", "console", "py", "python3", "yml"])
+def test_no_block_escapes_the_checks_by_its_language_name(lang):
+    """A synonym of a checked language would not be run: use the checked name or ``text``."""
+    found = [f"{_name(p)}:{line}" for p in doc_files() for line, _ in blocks(lang, p)]
+    assert not found, f"```{lang} blocks are not checked; write python/yaml/bash or text: {found}"
 
 
 def test_the_checks_catch_mistakes():
@@ -155,6 +218,8 @@ def test_the_checks_catch_mistakes():
         check_command(["make", "deploy"], "t")
     with pytest.raises(AssertionError, match="unchecked command"):
         check_command(["curl", "example.org"], "t")
+    with pytest.raises(AssertionError, match="no script"):
+        check_command(["scripts/no_such_script.sh"], "t")
     bad = deep_merge(_base_config(), parse_yaml(
         "loss_funcs: {metric_loss: {pml_rank_plugins.FastAPLoss: {distance: {LpDistance: {}}}}}"
     ))  # fmt: skip

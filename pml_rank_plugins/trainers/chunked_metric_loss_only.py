@@ -23,7 +23,8 @@ class ChunkedMetricLossOnly(MetricLossOnly):
         chunk_size: most items per chunk (> 0; chunks are balanced, e.g. 13 by 4 gives 4, 3, 3,
             3); ``batch_size`` is the full (per-rank) batch.
         check_replay: verify that replayed chunks reproduce the first pass's embeddings.
-        *args, **kwargs: as PML's ``MetricLossOnly``.
+        *args: as PML's ``MetricLossOnly``.
+        **kwargs: as PML's ``MetricLossOnly``.
     """
 
     def __init__(self, *args, chunk_size: int, check_replay: bool = False, **kwargs):

@@ -162,7 +162,8 @@ class DistributedTrainerMixin:
         amp: ``None`` or ``{"dtype": "bfloat16" | "float16"}`` (autocast for the models).
         grad_scaler: the ``torch.amp.GradScaler`` for float16 (``make_grad_scaler``); it is
             created here when ``amp`` asks for float16 and none is given.
-        *args, **kwargs: the trainer's. ``batch_size`` is the global batch; models should be
+        *args: the trainer's.
+        **kwargs: the trainer's. ``batch_size`` is the global batch; models should be
             wrapped in DDP by the caller (:func:`wrap_ddp`) when torch.distributed is initialized.
     """
 
