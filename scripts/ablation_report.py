@@ -1,7 +1,7 @@
 """Tables and figure of docs/ablations.md from the `pml-rank compare` outputs of each claim.
 
 Reads ``<runs>/<claim>/summary.json`` (written by ``pml-rank compare``; the statistics are
-``pml_rank_plugins.config.statistics``'s, nothing is recomputed here), prints one Markdown table
+``pml_rank_plugins.reporting.statistics``'s, nothing is recomputed here), prints one Markdown table
 per claim and draws ``docs/figures/ablations.png``: test MAP@R per setting (mean and 95% t
 interval, every seed as a dot) and the paired difference to the paper's default setting.
 

@@ -22,7 +22,7 @@ TEST_DTYPES = [
     if name.strip()
 ]
 TEST_DEVICE = torch.device(os.environ.get("TEST_DEVICE", "cpu"))
-DEVICE_TEST_DIRS = ("losses", "miners", "samplers", "trainers")
+DEVICE_TEST_DIRS = ("losses", "miners", "samplers", "trainers", "utils")
 
 
 def device_unavailable_reason(device: torch.device) -> str | None:

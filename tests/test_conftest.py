@@ -34,7 +34,7 @@ def test_cuda_without_gpu_skips_device_tests_with_the_reason():
             "-ra",
             "-p",
             "no:cacheprovider",
-            "tests/losses/test_distance_matrix.py",
+            "tests/utils/test_distance_matrix.py",
             "tests/test_conftest.py::test_reasons",
         ],
         cwd=ROOT,

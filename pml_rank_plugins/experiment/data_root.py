@@ -7,7 +7,7 @@ A config's file paths (dataset ``root`` / ``path`` / ``list_file`` keywords and 
 are kept. The resolved root is saved in the run's ``config.yaml`` so ``pml-rank eval RUN_DIR``
 finds the same files.
 
-A dataset folder that does not exist is a :class:`~pml_rank_plugins.config.schema.ConfigError`
+A dataset folder that does not exist is a :class:`~pml_rank_plugins.experiment.schema.ConfigError`
 naming the key, the folder it looked for, and where the published archive comes from
 (:data:`PUBLISHED`).
 """

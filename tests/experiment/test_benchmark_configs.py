@@ -1,4 +1,4 @@
-"""Every config in pml_rank_plugins/configs/benchmarks/: `pml-rank check` passes on a fixture tree
+"""Every config in pml_rank_plugins/experiment/configs/benchmarks/: `pml-rank check` passes on a fixture tree
 in the dataset's published format (with a ResNet-50 weights file where the config expects it), and
 one training iteration + the configured evaluation run end to end with the trunk swapped for a
 small convnet via --set."""

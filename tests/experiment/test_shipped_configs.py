@@ -1,4 +1,4 @@
-"""The shipped configs (``pml_rank_plugins/configs/*.yaml``): fair comparisons that validate
+"""The shipped configs (``pml_rank_plugins/experiment/configs/*.yaml``): fair comparisons that validate
 against the real classes (no stand-ins: a dropped export fails here), and ship in the package."""
 
 from __future__ import annotations
