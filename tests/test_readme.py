@@ -110,12 +110,15 @@ def test_python_blocks_run_in_order(path, tmp_path, monkeypatch):
     code_blocks = [(f"{_name(path)} line {line}", code) for line, code in blocks("python", path)]
     if path != README:  # a docs page starts from the Quick start's setup block
         code_blocks.insert(0, ("README.md setup block", setup_block()))
+    ran = []
     try:
         for where, code in code_blocks:
             try:
                 exec(compile(code, where.replace(" line ", ":"), "exec"), namespace)
             except Exception as e:
                 raise AssertionError(f"{where}: {type(e).__name__}: {e}") from e
+            ran.append(where)
+        assert ran and len(ran) == len(code_blocks)
     finally:
         for name in ("MyNet",):  # the registration example must not leak into other tests
             registry.unregister(name)

@@ -140,25 +140,24 @@ def _has(m: Mapping | None, metric: str) -> bool:
     return m is not None and m.get(metric) is not None and math.isfinite(float(m[metric]))
 
 
-def format_mean_ci(st: dict | None, scale: float = 100.0, digits: int = 2) -> str:
-    """``"61.46 ± 1.23"``; ``"61.46 (n=1, no CI)"`` for one run; ``"-"`` when missing."""
+def _format_interval(st: dict | None, scale: float, digits: int, sign: str, star: str) -> str:
     if not st:
         return "-"
-    mean = f"{scale * st['mean']:.{digits}f}"
+    mean = f"{scale * st['mean']:{sign}.{digits}f}"
     if st["ci_half_width"] is None:
         return f"{mean} (n={st['n']}, no CI)"
-    return f"{mean} ± {scale * st['ci_half_width']:.{digits}f}"
+    return f"{mean} ± {scale * st['ci_half_width']:.{digits}f}{star}"
+
+
+def format_mean_ci(st: dict | None, scale: float = 100.0, digits: int = 2) -> str:
+    """``"61.46 ± 1.23"``; ``"61.46 (n=1, no CI)"`` for one run; ``"-"`` when missing."""
+    return _format_interval(st, scale, digits, "", "")
 
 
 def format_difference(d: dict | None, scale: float = 100.0, digits: int = 2) -> str:
     """``"+1.20 ± 0.80 *"`` (``*``: the 95% CI excludes 0); ``"+1.20 (n=1, no CI)"``."""
-    if not d:
-        return "-"
-    mean = f"{scale * d['mean']:+.{digits}f}"
-    if d["ci_half_width"] is None:
-        return f"{mean} (n={d['n']}, no CI)"
-    star = " *" if d["ci_excludes_zero"] else ""
-    return f"{mean} ± {scale * d['ci_half_width']:.{digits}f}{star}"
+    star = " *" if d and d["ci_excludes_zero"] else ""
+    return _format_interval(d, scale, digits, "+", star)
 
 
 def format_p(p: float | None) -> str:

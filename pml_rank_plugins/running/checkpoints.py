@@ -126,7 +126,9 @@ def restore_checkpoint(exp: Experiment, ckpt: dict) -> None:
     set_rng_state(ckpt["rng"])
 
 
+# MemoryError: random bytes read as a legacy pickle can claim a storage of absurd size.
 _UNREADABLE = (
+    MemoryError,
     RuntimeError,
     EOFError,
     OSError,
