@@ -14,10 +14,8 @@ trained trunk + embedder, and adds ``test[<name>]`` with ``map_easy``, ``map_med
 ``map_hard``, ``mp_at_<k>_<protocol>`` and ``num_queries_<protocol>``
 (:func:`pml_rank_plugins.functional.revisited_evaluate`).
 
-Each entry names a :class:`~pml_rank_plugins.data.RevisitedOxfordParis` dataset; its ``query``
-and ``database`` splits are built here and scored by
-:func:`pml_rank_plugins.running.evaluate.revisited_eval` with
-:func:`pml_rank_plugins.functional.revisited_evaluate`.
+This module reads the entries and builds their datasets; the embedding and scoring run in
+:func:`pml_rank_plugins.running.evaluate.revisited_eval`.
 """
 
 from __future__ import annotations

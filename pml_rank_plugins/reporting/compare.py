@@ -1,7 +1,8 @@
 """Side-by-side comparison: several methods x several seeds -> tables with 95% CIs, paired tests.
 
-Every (method, seed) is an ordinary :func:`pml_rank_plugins.running.runner.train` run in ``OUT/<method>/seed<i>``; runs
-of different methods with the same seed are *paired* (same data order, same initial weights where
+Every (method, seed) is an ordinary run in ``OUT/<method>/seed<i>``
+(:func:`pml_rank_plugins.running.runner.train`, through the worker pool of
+:mod:`pml_rank_plugins.running.pool`); runs of different methods with the same seed are *paired* (same data order, same initial weights where
 the model config is shared). The table reports, per method and test metric (at the best
 validation epoch), mean +- 95% CI half-width (Student t) over the runs, and the paired difference
 against a reference method with its 95% CI, paired t-test and (n >= 6) Wilcoxon p-values; see
@@ -13,7 +14,7 @@ primary metric vs epoch, 95% band), ``recall_at_k.png`` (test Recall@K, 95% erro
 
 Fault isolation: a run that raises (crash, non-finite loss, a bad object) is recorded in
 ``RUN_DIR/failed.json`` and in the table; the other runs complete. Config errors are found
-before the first run (:func:`.methods.check_methods`) and stop everything at once.
+before the first run (:func:`pml_rank_plugins.experiment.methods.check_methods`) and stop everything at once.
 ``--resume`` reuses finished runs (``metrics.json``), retries failed ones and re-summarizes:
 :func:`.summary.summarize_dir` recomputes the tables from the run folders alone.
 """
