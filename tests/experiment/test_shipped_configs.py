@@ -4,6 +4,7 @@ against the real classes (no stand-ins: a dropped export fails here), and ship i
 from __future__ import annotations
 
 import shutil
+import warnings
 import zipfile
 from importlib import resources
 from pathlib import Path
@@ -92,9 +93,12 @@ def test_configs_are_package_data_and_usable_by_name(tmp_path, monkeypatch):
         resolve_config("nope")
 
 
-def test_wheel_contains_the_configs(tmp_path):
-    """Build the wheel (setuptools' PEP 517 backend, no network) and look inside it."""
+@pytest.fixture(scope="module")
+def built_wheel(tmp_path_factory):
+    """Build the wheel once (setuptools' PEP 517 backend, in process, no network) in a copy of
+    the sources; yields (the wheel's path, the warnings raised while building it)."""
     build_meta = pytest.importorskip("setuptools.build_meta")
+    tmp_path = tmp_path_factory.mktemp("wheel")
     repo = CONFIGS.parent
     src = tmp_path / "src"
     src.mkdir()
@@ -108,10 +112,29 @@ def test_wheel_contains_the_configs(tmp_path):
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.chdir(src)
     try:
-        wheel = build_meta.build_wheel(str(tmp_path / "dist"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # also the ones already shown once in this process
+            wheel = build_meta.build_wheel(str(tmp_path / "dist"))
     finally:
         monkeypatch.undo()
-    names = zipfile.ZipFile(tmp_path / "dist" / wheel).namelist()
+    return tmp_path / "dist" / wheel, caught
+
+
+def test_wheel_contains_the_configs(built_wheel):
+    names = zipfile.ZipFile(built_wheel[0]).namelist()
     for shipped in shipped_configs():
         assert f"pml_rank_plugins/experiment/configs/{shipped}.yaml" in names, shipped
     assert "pml_rank_plugins/__main__.py" in names
+
+
+def test_wheel_builds_without_warnings(built_wheel):
+    """setuptools' deprecations (e.g. a `license` table instead of an SPDX string) surface as
+    warnings long before they break the build."""
+    from_setuptools = [
+        f"{w.category.__name__}: {str(w.message).strip().splitlines()[0]}"
+        for w in built_wheel[1]
+        if "setuptools" in (w.filename or "") or "setuptools" in w.category.__module__
+    ]
+    assert not from_setuptools, from_setuptools
+    metadata = zipfile.ZipFile(built_wheel[0]).read("pml_rank_plugins-0.1.0.dist-info/METADATA")
+    assert b"License-Expression: MIT" in metadata
