@@ -26,7 +26,9 @@ ENV_VAR = "PML_RANK_DATA"
 PATH_KEYWORDS = ("root", "path", "list_file")
 WEIGHTS_KEYWORDS = ("weights_path",)
 
-# Dataset class -> (folder name the shipped configs use, what it must hold, published archive).
+# Dataset class -> (folder under the data root that the shipped configs use, what it must hold,
+# published archive). The documented layout: DATA_ROOT/<folder>/<what it holds>, e.g.
+# DATA_ROOT/omniglot/images_background_small1.zip or DATA_ROOT/CUB_200_2011/images.txt.
 PUBLISHED: dict[str, tuple[str, str, str]] = {
     "CUB200": (
         "CUB_200_2011",
@@ -69,7 +71,8 @@ PUBLISHED: dict[str, tuple[str, str, str]] = {
     ),
     "OmniglotDataset": (
         "omniglot",
-        "images_background*.zip",
+        "images_background_small1.zip (the shipped configs' file; any images_background*.zip"
+        " works via --set dataset.OmniglotDataset.path=...)",
         "https://github.com/brendenlake/omniglot (python/images_background_small1.zip)",
     ),
 }
@@ -114,8 +117,8 @@ def resolve_dataset_spec(spec: Any, where: str, data_root: str | None) -> Any:
             if short in PUBLISHED:
                 folder, content, archive = PUBLISHED[short]
                 hint = (
-                    f" Expected the {short} tree ({content}), e.g. DATA_ROOT/{folder}; "
-                    f"get it from {archive}."
+                    f" Pass --data-root DIR (or set ${ENV_VAR}=DIR) where DIR/{folder}/ holds "
+                    f"the {short} files ({content}); get them from {archive}."
                 )
             raise ConfigError(
                 f"{where}.{name}.{key}: {resolved} not found ({_root_text(data_root)}).{hint}"

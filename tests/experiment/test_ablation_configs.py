@@ -23,7 +23,8 @@ from tests.data.conftest import shared_dir
 
 REPO = Path(__file__).resolve().parents[2]
 ABLATIONS = REPO / "pml_rank_plugins" / "experiment" / "configs" / "ablations"
-SMALL1 = shared_dir() / "data" / "omniglot" / "images_background_small1.zip"
+DATA_ROOT = shared_dir() / "data"  # the repository's data root (--data-root ../shared/data)
+SMALL1 = DATA_ROOT / "omniglot" / "images_background_small1.zip"
 
 # claim -> the config sections its settings may change (everything else must be identical)
 VARIED = {
@@ -58,9 +59,8 @@ def _load(claim: str) -> dict[str, dict]:
             f"Omniglot data missing: {SMALL1} (set PML_RANK_SHARED to the folder holding "
             "data/omniglot/images_background_small1.zip)"
         )
-    return load_config(
-        ABLATIONS / f"{claim}.yaml", [f"dataset.OmniglotDataset.path={SMALL1}"], check=True
-    )
+    # the shipped relative path, resolved under the data root as `--data-root` does
+    return load_config(ABLATIONS / f"{claim}.yaml", [f"data_root={DATA_ROOT}"], check=True)
 
 
 def _loss_kwargs(cfg: dict) -> tuple[type, dict]:
