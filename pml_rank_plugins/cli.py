@@ -3,13 +3,18 @@
 pml-rank train CONFIG [--out RUN_DIR] [--method NAME] [--set key=value ...] [--resume|--overwrite]
 pml-rank eval RUN_DIR [--which best|latest]
 pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--reference NAME] [--jobs K]
+    [--resume|--overwrite]
 pml-rank sweep CONFIG --method NAME --grid KEY=V1,V2 [--grid ...] [--seeds N] [--out DIR]
+    [--resume|--overwrite]
 pml-rank check CONFIG... [--data-root DIR] [--set key=value ...]   # build everything, no training
-pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to
+pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to (exit 1: none)
+Every command that reads configs or run folders takes --data-root DIR (default $PML_RANK_DATA),
+--device (cpu, cuda, cuda:N, mps) and --allow-module MODULE; train/compare/sweep/check take --set.
 torchrun --nproc_per_node=R -m pml_rank_plugins train|compare ...   # R processes, one
     global batch (trainer.batch_size) split over them; see the README's "Scaling" section
 
-CONFIG is a YAML file or the name of a shipped config (``default``, ``omniglot``); a file wins.
+CONFIG is a YAML file or the name of a shipped config (``default``, ``omniglot``,
+``ablations/fastap_bins``, ``benchmarks/mlrc_cub200``, ...); a file wins.
 Exit status: 0 success, 1 the run failed (non-finite loss, bad data, busy or unreadable run
 folder), 2 a config or command-line mistake. ``-v`` shows PML's log and full tracebacks.
 """
@@ -20,36 +25,17 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
-import yaml
+# Only the standard library at module level: `pml-rank --help` and argument errors must answer
+# without importing torch, PML, scipy or matplotlib (seconds). The subpackages are imported inside
+# the functions that run a command (cli.py is the one module allowed to import them lazily).
 
-from .experiment import (
-    ConfigError,
-    UnknownNameError,
-    check_configs,
-    check_methods,
-    collect_methods,
-    listing,
-    resolve_config,
-    resolve_data_root,
-    slug,
-)
-from .reporting import markdown_table, prepare_sweep, run_comparison, run_sweep
-from .running import (
-    NonFiniteError,
-    RunFolderError,
-    evaluate,
-    is_main_process,
-    shutdown,
-    train,
-)
-
-# Raised while loading/validating configs only (never caught around training).
-CONFIG_ERRORS = (ConfigError, UnknownNameError, TypeError, ValueError, OSError, yaml.YAMLError)
-# Raised by a run (training, evaluation): reported as one line, exit status 1.
-RUN_ERRORS = (NonFiniteError, RunFolderError, ValueError, TypeError, OSError)
+DEVICE_FORMS = "cpu, cuda, cuda:N or mps"
+CONFIG_HELP = "YAML file or shipped config name, e.g. default, omniglot or configs/default.yaml"
+CONFIGS_HELP = "YAML files or shipped config names, e.g. default or ablations/fastap_bins"
 
 EPILOG = """examples:
   pml-rank compare default --out runs/default           # shipped config, every method
@@ -83,10 +69,15 @@ def _parser() -> argparse.ArgumentParser:
             help="override a config value (dotted path, YAML value), repeatable, e.g. "
             "--set trainer.num_epochs=2 --set 'optimizers.trunk_optimizer={Adam: {lr: 1e-4}}'",
         )
-        sp.add_argument(
-            "--device", default=None, help="torch device, e.g. --device cuda:0 (default: cpu)"
-        )
+        add_device(sp)
         add_data_root(sp)
+
+    def add_device(sp):
+        sp.add_argument(
+            "--device",
+            default=None,
+            help=f"torch device ({DEVICE_FORMS}), e.g. --device cuda:0 (default: the config's)",
+        )
 
     def add_data_root(sp):
         sp.add_argument(
@@ -95,6 +86,22 @@ def _parser() -> argparse.ArgumentParser:
             metavar="DIR",
             help="folder that relative dataset roots and weights paths start from, e.g. "
             "--data-root /data (CUB at /data/CUB_200_2011); default $PML_RANK_DATA",
+        )
+        # Loading configs or run folders resolves class names: this widens what may be imported.
+        sp.add_argument(
+            "--allow-module",
+            action="append",
+            default=[],
+            metavar="MODULE",
+            help="let configs name classes from this module (repeatable), e.g. "
+            "--allow-module my_project.losses",
+        )
+
+    def add_methods(sp):
+        sp.add_argument(
+            "--methods",
+            default=None,
+            help='comma-separated subset of method names, e.g. --methods "PML FastAP,plugin FastAP"',
         )
 
     def add_overwrite(sp):
@@ -108,9 +115,7 @@ def _parser() -> argparse.ArgumentParser:
         "train",
         help="train one config (every method in it, or --method), e.g. pml-rank train default",
     )
-    t.add_argument(
-        "config", help="YAML file or shipped config name, e.g. configs/default.yaml or default"
-    )
+    t.add_argument("config", help=CONFIG_HELP)
     t.add_argument(
         "--out",
         default=None,
@@ -140,9 +145,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=["best", "latest"],
         help="checkpoint to evaluate, e.g. --which latest (default best)",
     )
-    e.add_argument(
-        "--device", default=None, help="torch device, e.g. --device cuda:0 (default: cpu)"
-    )
+    add_device(e)
     add_data_root(e)
 
     def add_stats(sp, what):
@@ -167,18 +170,10 @@ def _parser() -> argparse.ArgumentParser:
         help="methods x seeds -> table with 95%% CIs, paired tests, plots, e.g. "
         "pml-rank compare default",
     )
-    c.add_argument(
-        "configs",
-        nargs="+",
-        help="YAML files or shipped config names, e.g. default or configs/omniglot.yaml",
-    )
+    c.add_argument("configs", nargs="+", help=CONFIGS_HELP)
     c.add_argument("--seeds", type=int, default=1, help="seeds per method, e.g. --seeds 3")
     c.add_argument("--out", default="runs/compare", help="output folder, e.g. --out runs/default")
-    c.add_argument(
-        "--methods",
-        default=None,
-        help='comma-separated subset of method names, e.g. --methods "PML FastAP,plugin FastAP"',
-    )
+    add_methods(c)
     c.add_argument(
         "--resume",
         action="store_true",
@@ -192,14 +187,10 @@ def _parser() -> argparse.ArgumentParser:
     k = sub.add_parser(
         "check",
         help="build every object of every method without training, e.g. "
-        "pml-rank check configs/benchmarks/mlrc_cub200.yaml --data-root /data",
+        "pml-rank check benchmarks/mlrc_cub200 --data-root /data",
     )
-    k.add_argument("configs", nargs="+", help="config files, e.g. configs/default.yaml")
-    k.add_argument(
-        "--methods",
-        default=None,
-        help='comma-separated subset of method names, e.g. --methods "plugin FastAP,PML FastAP"',
-    )
+    k.add_argument("configs", nargs="+", help=CONFIGS_HELP)
+    add_methods(k)
     add_common(k)
 
     sw = sub.add_parser(
@@ -207,9 +198,7 @@ def _parser() -> argparse.ArgumentParser:
         help="one method over a grid of overrides x seeds -> table, plots, e.g. "
         'pml-rank sweep default --method "plugin FastAP" --grid trainer.batch_size=32,64',
     )
-    sw.add_argument(
-        "config", help="config file or shipped config name, e.g. configs/default.yaml or default"
-    )
+    sw.add_argument("config", help=CONFIG_HELP)
     sw.add_argument(
         "--method",
         default=None,
@@ -231,23 +220,28 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument(
         "--resume", action="store_true", help="skip finished runs, continue interrupted ones"
     )
+    add_overwrite(sw)
     add_stats(sw, "cell")
     add_common(sw)
 
     ls = sub.add_parser("list", help="list resolvable names, e.g. pml-rank list FastAP")
-    ls.add_argument(
-        "substring",
-        nargs="?",
-        default="",
-        help="show names or targets containing it (any case), e.g. FastAP",
-    )
+    what = "show names or targets containing it (any case), e.g. FastAP"
+    ls.add_argument("substring", nargs="?", default="", help=what)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``pml-rank``; ``--help`` and argparse's own errors leave through ``SystemExit``.
+
+    Args:
+        argv: the arguments after the program name (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status (see the module docstring).
+    """
     try:
         try:
-            args = _parser().parse_args(argv)  # --help exits here
+            args = _parser().parse_args(argv)  # --help exits here, before torch is imported
         finally:
             sys.stdout.flush()
     except BrokenPipeError:
@@ -256,22 +250,55 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("PML").setLevel(logging.WARNING)
     try:
-        rc = _run(args)
+        rc = _list(args.substring) if args.command == "list" else _guarded(args)
         sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
         return rc
-    except BrokenPipeError:  # before OSError
+    except BrokenPipeError:
         return _closed_pipe()
-    except _BadConfig as e:
-        print(f"pml-rank: config error: {e}", file=sys.stderr)
+    except _BadConfig as e:  # and _BadArgument
+        print(f"pml-rank: {e.kind}: {e}", file=sys.stderr)
         return 2
+
+
+def _guarded(args) -> int:
+    """Run a command that loads configs: config mistakes exit 2, failed runs exit 1."""
+    from . import experiment  # its registry module (allow_modules is not re-exported)
+    from .experiment import ConfigError, UnknownNameError
+    from .running import NonFiniteError, RunFolderError, shutdown
+
+    try:
+        if args.allow_module:  # before any config or run folder is read
+            experiment.registry.allow_modules(args.allow_module)
+        _check_device(args.device)
+        return _run(args)
+    except (BrokenPipeError, _BadConfig):
+        raise
     except (ConfigError, UnknownNameError) as e:
         _report(args, "config error", e)
         return 2
-    except RUN_ERRORS as e:
+    except (NonFiniteError, RunFolderError, ValueError, TypeError, OSError) as e:
         _report(args, "error", e)
         return 1
     finally:
         shutdown()  # under torchrun: the process group runner.train started
+
+
+def _check_device(device: str | None) -> None:
+    """``--device`` names a device this machine has: one line (exit 2) instead of a CUDA
+    traceback deep inside the first run."""
+    if device is None:
+        return
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
+        raise _BadArgument(f"--device {device}: not a device; use {DEVICE_FORMS}")
+    import torch
+
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    available = ["cpu"] + [f"cuda:{i}" for i in range(cuda)]
+    available += ["mps"] if torch.backends.mps.is_available() else []
+    if ("cuda:0" if device == "cuda" else device) not in available:
+        raise _BadArgument(
+            f"--device {device}: not available here; available: {', '.join(available)}"
+        )
 
 
 def _closed_pipe() -> int:
@@ -289,19 +316,29 @@ def _report(args, kind: str, e: BaseException) -> None:
 
 
 class _BadConfig(Exception):
-    pass
+    kind = "config error"
+
+
+class _BadArgument(_BadConfig):
+    kind = "error"
 
 
 def _load(fn, *args, **kwargs):
     """Load/validate configs, turning config mistakes into a clean message (exit code 2)."""
+    import yaml
+
+    from .experiment import ConfigError, UnknownNameError
+
     try:
         return fn(*args, **kwargs)
-    except CONFIG_ERRORS as e:
+    except (ConfigError, UnknownNameError, TypeError, ValueError, OSError, yaml.YAMLError) as e:
         raise _BadConfig(str(e)) from e
 
 
 def _data_root(args, env: bool = True) -> str | None:
     """``--data-root`` (else, with ``env``, ``$PML_RANK_DATA``) as an absolute path, or None."""
+    from .experiment import resolve_data_root
+
     flag = getattr(args, "data_root", None)
     if flag is not None and not Path(flag).expanduser().is_dir():
         raise _BadConfig(f"--data-root {flag}: not a folder")
@@ -311,10 +348,28 @@ def _data_root(args, env: bool = True) -> str | None:
 
 
 def _config_paths(names: list[str]) -> list[Path]:
+    from .experiment import resolve_config
+
     return [_load(resolve_config, n) for n in names]
 
 
+# The options compare and sweep hand to run_comparison / run_sweep unchanged.
+RUN_OPTIONS = ("seeds", "overrides", "resume", "overwrite", "reference", "device", "jobs")
+
+
+def _pick(args, names) -> dict:
+    return {name: getattr(args, name) for name in names}
+
+
+def _methods(args) -> list[str] | None:
+    return [m.strip() for m in args.methods.split(",")] if args.methods else None
+
+
 def _run(args) -> int:
+    from .experiment import check_configs, check_methods, collect_methods, slug
+    from .reporting import markdown_table, prepare_sweep, run_comparison, run_sweep
+    from .running import evaluate, is_main_process, train
+
     if args.command == "train":
         methods = [args.method] if args.method else None
         (path,) = _config_paths([args.config])
@@ -332,7 +387,7 @@ def _run(args) -> int:
         out = evaluate(args.run_dir, args.which, args.device, data_root=data_root)
         print(json.dumps(out, indent=2))
     elif args.command == "compare":
-        methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
+        methods = _methods(args)
         paths = _config_paths(args.configs)
         data_root = _data_root(args)
         configs = _load(collect_methods, paths, args.overrides, methods, data_root)
@@ -340,17 +395,7 @@ def _run(args) -> int:
             raise _BadConfig(f"--reference {args.reference!r}: not one of {list(configs)}")
         _load(check_methods, configs)  # fail fast, before the first run
         summary = run_comparison(
-            paths,
-            args.out,
-            seeds=args.seeds,
-            overrides=args.overrides,
-            methods=methods,
-            resume=args.resume,
-            device=args.device,
-            reference=args.reference,
-            jobs=args.jobs,
-            overwrite=args.overwrite,
-            data_root=data_root,
+            paths, args.out, methods=methods, data_root=data_root, **_pick(args, RUN_OPTIONS)
         )
         if is_main_process():  # torchrun: one report, from rank 0
             print(markdown_table(summary))
@@ -363,51 +408,42 @@ def _run(args) -> int:
             prepare_sweep, path, args.method, args.grid, args.overrides, args.reference, data_root
         )
         summary = run_sweep(
-            path,
-            args.method,
-            args.grid,
-            args.out,
-            seeds=args.seeds,
-            overrides=args.overrides,
-            resume=args.resume,
-            reference=args.reference,
-            device=args.device,
-            jobs=args.jobs,
-            data_root=data_root,
+            path, args.method, args.grid, args.out, data_root=data_root, **_pick(args, RUN_OPTIONS)
         )
         print(markdown_table(summary, "cell"))
         print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
         return _report_failures(summary)
     elif args.command == "check":
-        methods = [m.strip() for m in args.methods.split(",")] if args.methods else None
+        paths = [str(p) for p in _config_paths(args.configs)]
         lines = _load(
-            check_configs, args.configs, args.overrides, methods, args.device, _data_root(args)
+            check_configs, paths, args.overrides, _methods(args), args.device, _data_root(args)
         )
         for line in lines:
             print(line)
-    elif args.command == "list":
-        _list(args.substring)
     return 0
 
 
-def _list(substring: str) -> None:
-    """One line per name: what to write in a config, and the class it resolves to."""
+def _list(substring: str) -> int:
+    """One line per name: what to write in a config, and the class it resolves to; exit status 1
+    (and a line on stderr) when nothing matches."""
+    from .experiment import listing
+
     needle = substring.lower()
-    for name, target in listing():
-        if needle in name.lower() or needle in target.lower():
-            print(f"{name:40s} {target}")
+    found = [(n, t) for n, t in listing() if needle in n.lower() or needle in t.lower()]
+    for name, target in found:
+        print(f"{name:40s} {target}")
+    if not found:
+        hint = "`pml-rank list` shows them all"
+        print(f"pml-rank: no name or target contains {substring!r}; {hint}", file=sys.stderr)
+    return 0 if found else 1
 
 
 def _report_failures(summary: dict) -> int:
     """Exit status 1 when any run failed (the others completed and are in the tables)."""
-    failed = summary.get("failed") or []
+    failed = len(summary.get("failed") or [])
     if failed:
-        print(
-            f"pml-rank: {len(failed)} run(s) failed; see the table and summary.json",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+        print(f"pml-rank: {failed} run(s) failed; see the table and summary.json", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
