@@ -2,12 +2,18 @@
 #   make demo  -- builds .venv, then runs the main job on the embedded GlyphDataset
 #   make test  -- builds .venv, then runs the test suite
 #   make docs  -- builds the Sphinx site into docs/_build/html (warnings are errors)
+#   make wheel -- builds dist/pml_rank_plugins-<version>-py3-none-any.whl (see README "Install")
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The data root: the shipped Omniglot configs read $(PML_RANK_DATA)/omniglot/*.zip, from any
+# folder. In this repository that is ../shared/data; `make test PML_RANK_DATA=/data` (or the
+# environment variable) points elsewhere. The demo's GlyphDataset is generated and needs no data.
+PML_RANK_DATA ?= $(abspath ../shared/data)
+export PML_RANK_DATA
 
-.PHONY: demo test docs lint format clean
+.PHONY: demo test docs wheel lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +31,9 @@ test: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m sphinx -W -b html docs docs/_build/html
 
+wheel: $(STAMP)
+	$(PY) -m pip wheel --no-deps -w dist .
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pml_rank_plugins tests benchmarks
 	$(VENV)/bin/black --check pml_rank_plugins tests benchmarks
@@ -35,4 +44,4 @@ format: $(STAMP)
 	$(VENV)/bin/black pml_rank_plugins tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache build dist
