@@ -29,9 +29,8 @@ import re
 import sys
 from pathlib import Path
 
-# Only the standard library at module level: `pml-rank --help` and argument errors must answer
-# without importing torch, PML, scipy or matplotlib (seconds). The subpackages are imported inside
-# the functions that run a command (cli.py is the one module allowed to import them lazily).
+# Only the standard library at module level: `--help` and argument errors answer without importing
+# torch, PML, scipy or matplotlib (seconds); the commands import the subpackages when they run.
 
 DEVICE_FORMS = "cpu, cuda, cuda:N or mps"
 CONFIG_HELP = "YAML file or shipped config name, e.g. default, omniglot or configs/default.yaml"
@@ -247,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _closed_pipe()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if not args.verbose:
-        logging.getLogger("PML").setLevel(logging.WARNING)
+    if not args.verbose:  # PML's log, faiss's loader lines (imported after this) only with -v
+        for name in ("PML", "faiss"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         rc = _list(args.substring) if args.command == "list" else _guarded(args)
         sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
