@@ -3,7 +3,7 @@
 from . import splits
 from .cars196 import Cars196
 from .cub import CUB200
-from .glyphs import GlyphCacheWarning, GlyphDataset
+from .glyphs import GlyphDataset
 from .images import DatasetFormatError, ImageListDataset
 from .inshop import InShopClothes
 from .labels import CATEGORY, CLASS, UNLABELED, as_two_level
@@ -28,7 +28,6 @@ __all__ = [
     "CUB200",
     "Cars196",
     "DatasetFormatError",
-    "GlyphCacheWarning",
     "GlyphDataset",
     "ImageListDataset",
     "InShopClothes",
