@@ -4,7 +4,7 @@ Class = one Unicode character, category = its script/block (Latin upper, Greek l
 instance = one rendering with a random DejaVu face (Sans/Serif/Mono x regular/bold/oblique), random
 affine warp (rotation, shear, zoom, shift), random stroke width and Gaussian noise. Nothing is
 downloaded; the rendered uint8 array is cached on disk in an ``.npz`` keyed by every parameter,
-with a verification record (format, key, sha256 of the arrays) checked with the arrays' shapes,
+with a verification record (parameter key, sha256 of the arrays) checked with the arrays' shapes,
 dtypes and class counts on every load; a cache that fails is rebuilt with one warning.
 """
 
