@@ -1,4 +1,4 @@
-"""Cars196 / Stanford Cars (Krause et al., 3dRR 2013) from ``cars_annos.mat``, without scipy."""
+"""Cars196 / Stanford Cars (Krause et al., 3dRR 2013) from ``cars_annos.mat`` (read with scipy.io)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ _FIELDS = ("relative_im_path", "class")
 class Cars196(ImageListDataset):
     """``root/cars_annos.mat`` (struct array ``annotations`` with fields ``relative_im_path``,
     ``bbox_x1..y2``, ``class``, ``test``; cell array ``class_names``), images at
-    ``root/<relative_im_path>`` (``car_ims/000001.jpg``). The MAT-file is read by
-    :mod:`pml_rank_plugins.data.matfile` (no scipy needed).
+    ``root/<relative_im_path>`` (``car_ims/000001.jpg``). The MAT-file is read with
+    :func:`scipy.io.loadmat` (through :func:`pml_rank_plugins.data.matfile.load_mat`); a missing,
+    damaged or v7.3 file, or a missing field, raises :class:`DatasetFormatError` naming the file.
 
     Split by class as in metric learning: ``"train"`` classes 1-98, ``"test"`` 99-196, ``"all"``.
     Labels: class = ``class - 1``, category = -1 (no super-classes). ``class_names`` holds the

@@ -3,7 +3,9 @@
 Class = one Unicode character, category = its script/block (Latin upper, Greek lower, arrows, ...),
 instance = one rendering with a random DejaVu face (Sans/Serif/Mono x regular/bold/oblique), random
 affine warp (rotation, shear, zoom, shift), random stroke width and Gaussian noise. Nothing is
-downloaded; the rendered uint8 array is cached on disk in an ``.npz`` keyed by every parameter.
+downloaded; the rendered uint8 array is cached on disk in an ``.npz`` keyed by every parameter,
+with a verification record (parameter key, sha256 of the arrays) checked with the arrays' shapes,
+dtypes and class counts on every load; a cache that fails is rebuilt with one warning.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import json
 import math
 import os
 import tempfile
+import warnings
+import zipfile
+import zlib
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
@@ -26,8 +31,26 @@ from PIL import Image, ImageDraw, ImageFont
 
 from .images import InMemoryImageDataset
 
-# Bump when the rendering changes, so old caches are never read for new parameters.
-GLYPH_CACHE_VERSION = 1
+# Bump when the rendering or the cache layout changes, so old caches are never read for new
+# parameters. 2: the verification record ("meta") was added.
+GLYPH_CACHE_VERSION = 2
+
+# The arrays of a cache file, besides its verification record "meta".
+_ARRAYS = ("images", "labels", "class_names", "category_names")
+# What np.load / zipfile / zlib raise on a damaged .npz (found by flipping every bit of a cache
+# and cutting it at every byte); RuntimeError covers NotImplementedError (a flipped "encrypted"
+# or compression flag), MemoryError a damaged npy header claiming a huge shape.
+_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, RuntimeError, MemoryError)
+_READ_ERRORS += (zipfile.BadZipFile, zlib.error)
+
+
+class GlyphCacheWarning(UserWarning):
+    """A glyph cache file could not be used (unreadable, damaged or stale) and is rebuilt."""
+
+
+class InvalidGlyphCache(Exception):
+    """Why a cache file cannot be used; the message completes "glyph cache PATH is ..."."""
+
 
 # (category name, inclusive code point ranges), in class-id order.
 GLYPH_CATEGORIES: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = (
@@ -226,7 +249,9 @@ class GlyphDataset(InMemoryImageDataset):
     With the defaults: 13 categories, about 400 classes (at most 40 per category), 20 images per
     class. Built in a few seconds on one core and cached under ``root`` as
     ``glyphs-<hash>.npz``, the hash covering every parameter plus :data:`GLYPH_CACHE_VERSION` and
-    the Pillow/matplotlib versions; the file is written atomically (temp file + ``os.replace``).
+    the Pillow/matplotlib versions; the file is written atomically (temp file + ``os.replace``)
+    and verified when read (:func:`read_cache`); a bad or stale cache is rebuilt with one
+    :class:`GlyphCacheWarning` naming the file and why.
 
     Args:
         root: cache directory; default :func:`default_cache_dir` (env ``PML_RANK_CACHE``).
@@ -239,6 +264,7 @@ class GlyphDataset(InMemoryImageDataset):
     Attributes:
         images: uint8 ``(N, S, S)``; labels: int64 ``(N, 2)`` ``[class, category]``;
         class_names: the character of each class; category_names: the name of each category.
+        cache_params: the normalized rendering parameters the cache file is keyed by.
     """
 
     def __init__(
@@ -260,6 +286,7 @@ class GlyphDataset(InMemoryImageDataset):
             "categories": None if categories is None else sorted(categories),
             "noise_std": float(noise_std),
         }
+        self.cache_params = params
         self.root = Path(root) if root is not None else default_cache_dir()
         self.cache_path = self.root / f"glyphs-{_cache_key(params)}.npz"
         data = self._load_or_build(params)
@@ -272,22 +299,129 @@ class GlyphDataset(InMemoryImageDataset):
     def _load_or_build(self, params: dict) -> dict[str, np.ndarray]:
         if self.cache_path.is_file():
             try:
-                with np.load(self.cache_path, allow_pickle=False) as cached:
-                    return {key: cached[key] for key in cached.files}
-            except (OSError, ValueError, KeyError):
-                pass  # a corrupt cache is rebuilt below, never trusted
+                return read_cache(self.cache_path, params)
+            except InvalidGlyphCache as problem:
+                # a bad cache is never trusted, and never a reason to fail: say so once, rebuild
+                warnings.warn(
+                    f"glyph cache {self.cache_path} is {problem}; rebuilding it",
+                    GlyphCacheWarning,
+                    stacklevel=3,
+                )
         data = render_glyphs(**params)
-        self.root.mkdir(parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(dir=self.root, suffix=".npz.tmp")
-        try:
-            with os.fdopen(handle, "wb") as out:
-                np.savez_compressed(out, **data)
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache may be shared
-            os.replace(tmp, self.cache_path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        write_cache(self.cache_path, data, params)
         return data
+
+
+def write_cache(path: Path, data: dict[str, np.ndarray], params: dict) -> None:
+    """Write ``data`` and its verification record to a temporary file beside ``path``, then
+    ``os.replace`` it over ``path`` (a reader never sees half a cache; only our temporary file is
+    ever removed).
+
+    Args:
+        path: the cache file.
+        data: the arrays of :func:`render_glyphs`.
+        params: the dataset's ``cache_params``, recorded with their key in the file.
+    """
+    path = Path(path)
+    meta = {"key": _cache_key(params), "params": params, "sha256": _checksum(data)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            np.savez_compressed(out, meta=np.array(json.dumps(meta)), **data)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache may be shared
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def read_cache(path: Path, params: dict) -> dict[str, np.ndarray]:
+    """Read a cache file and verify it against ``params``.
+
+    Args:
+        path: the cache file.
+        params: the ``cache_params`` of the dataset that wants it.
+
+    Returns:
+        The arrays of :func:`render_glyphs`.
+
+    Raises:
+        InvalidGlyphCache: empty, unreadable, no or a malformed verification record, written
+            for other parameters or versions, checksum mismatch, or shapes, dtypes or class
+            counts that do not follow from ``params``.
+    """
+    path = Path(path)
+    if path.stat().st_size == 0:
+        raise InvalidGlyphCache("empty (0 bytes)")
+    try:
+        # our handle: a failing np.load leaks no file; without a zip signature np.load would
+        # take the file for an .npy array or a pickle
+        with open(path, "rb") as handle:
+            if handle.read(4) != b"PK\x03\x04":
+                raise InvalidGlyphCache("not an .npz archive (no zip signature)")
+            handle.seek(0)
+            with np.load(handle, allow_pickle=False) as cached:
+                if "meta" not in cached.files:
+                    raise InvalidGlyphCache(
+                        "missing its verification record (an older or foreign file)"
+                    )
+                meta = json.loads(str(cached["meta"]))
+                data = {name: cached[name] for name in _ARRAYS}
+    except _READ_ERRORS as err:
+        raise InvalidGlyphCache(f"unreadable ({type(err).__name__}: {err})") from err
+    if not isinstance(meta, dict):
+        raise InvalidGlyphCache("carrying a malformed verification record")
+    if meta.get("key") != _cache_key(params):  # the key covers GLYPH_CACHE_VERSION too
+        raise InvalidGlyphCache(f"for other parameters ({meta.get('params')})")
+    if meta.get("sha256") != _checksum(data):
+        raise InvalidGlyphCache("corrupt: the arrays do not match the recorded sha256 checksum")
+    problem = _content_problem(data, params)
+    if problem:
+        raise InvalidGlyphCache(f"inconsistent with its parameters: {problem}")
+    return data
+
+
+def _checksum(data: dict[str, np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for name in _ARRAYS:
+        array = np.ascontiguousarray(data[name])
+        digest.update(json.dumps([name, array.dtype.str, list(array.shape)]).encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _content_problem(data: dict[str, np.ndarray], params: dict) -> str | None:
+    # What contradicts what render_glyphs makes of params (its row order included), or None.
+    names = [name for name, _ in GLYPH_CATEGORIES]
+    wanted = names if params["categories"] is None else params["categories"]
+    chosen = [name for name in names if name in set(wanted)]
+    size, per_class = params["image_size"], params["images_per_class"]
+    images, labels, class_names, category_names = (data[name] for name in _ARRAYS)
+    if category_names.ndim != 1 or category_names.tolist() != chosen:
+        return f"category_names are {category_names.tolist()}, expected {chosen}"
+    if class_names.ndim != 1 or len(set(class_names.tolist())) != len(class_names):
+        return "class_names are not one list of distinct characters"
+    n_classes = len(class_names)
+    rows = n_classes * per_class
+    if images.dtype != np.uint8 or images.shape != (rows, size, size):
+        return f"images are {images.dtype} {images.shape}, expected uint8 {(rows, size, size)}"
+    if labels.dtype != np.int64 or labels.shape != (rows, 2):
+        return f"labels are {labels.dtype} {labels.shape}, expected int64 {(rows, 2)}"
+    if not np.array_equal(labels[:, 0], np.repeat(np.arange(n_classes), per_class)):
+        return f"class labels are not 0..{n_classes - 1} in order, {per_class} images each"
+    if n_classes:
+        category_of = labels[::per_class, 1]
+        if (
+            not np.array_equal(labels[:, 1], np.repeat(category_of, per_class))
+            or category_of.min() < 0
+            or category_of.max() >= len(chosen)
+            or np.any(np.diff(category_of) < 0)
+        ):
+            return f"category labels are not one of 0..{len(chosen) - 1} per class, in order"
+        if np.bincount(category_of).max() > params["max_classes_per_category"]:
+            return "a category has more than max_classes_per_category classes"
+    return None
 
 
 def _cache_key(params: dict) -> str:
@@ -301,4 +435,10 @@ def _cache_key(params: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-__all__ = ["GlyphDataset", "render_glyphs", "glyph_classes", "GLYPH_CATEGORIES"]
+__all__ = [
+    "GLYPH_CATEGORIES",
+    "GlyphCacheWarning",
+    "GlyphDataset",
+    "glyph_classes",
+    "render_glyphs",
+]

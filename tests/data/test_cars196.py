@@ -63,6 +63,11 @@ def test_malformed(tmp_path):
     (tmp_path / "cars_annos.mat").write_bytes(b"garbage" * 40)
     with pytest.raises(DatasetFormatError, match="cars_annos.mat: not a level-5"):
         Cars196(tmp_path)
+    make_tree(tmp_path)
+    data = (tmp_path / "cars_annos.mat").read_bytes()
+    (tmp_path / "cars_annos.mat").write_bytes(data[: len(data) // 2])  # an interrupted download
+    with pytest.raises(DatasetFormatError, match="cars_annos.mat: .*damaged"):
+        Cars196(tmp_path)
 
 
 def test_missing(tmp_path):

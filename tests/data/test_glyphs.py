@@ -120,7 +120,8 @@ def test_cache_reused_and_keyed_by_parameters(tmp_path, monkeypatch):
 def test_corrupt_cache_is_rebuilt(tmp_path):
     first = small(tmp_path)
     first.cache_path.write_bytes(b"not an npz")
-    again = small(tmp_path)
+    with pytest.warns(glyphs_module.GlyphCacheWarning, match="not an .npz archive"):
+        again = small(tmp_path)
     assert np.array_equal(again.images, first.images)
 
 
