@@ -7,7 +7,12 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
-from ..functional.validation import check_int, check_labels, prepare_embeddings
+from ..functional.validation import (
+    check_int,
+    check_labels,
+    prepare_embeddings,
+    validate_indices_tuple,
+)
 from ..utils.loss_and_miner_utils import pair_masks
 
 
@@ -65,6 +70,9 @@ class HistogramAPLoss(BaseMetricLossFunction):
         check_labels(ref_labels, "ref_labels")
         # The distance is checked to be an L2-normalizing one; normalize here, overflow-safe.
         queries, refs, is_self = prepare_embeddings(embeddings, ref_emb, normalize=True)
+        # Before the empty-input shortcut, so a malformed or out-of-range indices_tuple is an
+        # error however many rows there are (pair_masks checks it again on the main path).
+        validate_indices_tuple(indices_tuple, len(queries), len(refs))
         dtype = queries.dtype
         if len(queries) == 0 or len(refs) == 0:
             # Empty batch or reference set: no ranked list, every query skipped (policy shared
