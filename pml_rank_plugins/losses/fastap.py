@@ -23,8 +23,9 @@ class FastAPLoss(HistogramAPLoss):
     :class:`pml_rank_plugins.losses.CrossBatchMemory`: PML's own refuses this class by name
     ("CrossBatchMemory not supported for FastAPLoss").
 
-    Cost: O(N M d + N M) time, O(chunk * M) floats + N M bytes of extra memory, independent of
-    ``num_bins`` (PML's ``FastAPLoss``: O(num_bins N^2) memory). See :class:`HistogramAPLoss` for the PML contract.
+    Cost: O(N M d + N M) time, O(chunk * M) floats + N M bytes of working memory, independent of
+    ``num_bins``, plus the ``(N, 2, num_bins + 1)`` histograms (PML's ``FastAPLoss``:
+    O(num_bins N^2) memory). See :class:`HistogramAPLoss` for the PML contract.
 
     Args:
         num_bins: number of bin spacings ``L`` (>= 1); the default 10 is the paper's.

@@ -25,7 +25,7 @@ class QuantizedAPLoss(HistogramAPLoss):
     queries of class ``c``.
 
     Cost as :class:`~pml_rank_plugins.losses.FastAPLoss`: O(N M d + N M) time, O(chunk * M)
-    floats + N M bytes of memory. With a memory bank use
+    floats + N M bytes of memory plus the ``(N, 2, num_bins)`` histograms. With a memory bank use
     :class:`pml_rank_plugins.losses.CrossBatchMemory` (PML's refuses this class by name).
 
     Args:
