@@ -205,3 +205,22 @@ def test_pmls_memory_refusal_is_discoverable_from_our_class(loss_cls):
         PMLCrossBatchMemory(loss_cls(), 8)
     assert "pml_rank_plugins.losses.CrossBatchMemory" in loss_cls.__doc__
     CrossBatchMemory(loss_cls(), 8)
+
+
+@pytest.mark.parametrize("gallery_gradient", [False, True])
+def test_imbalance_chunked_sparse_and_dense_chunks_equal_the_dense_kernel(gallery_gradient):
+    # Tight clusters: with chunk_size=16 most chunks mine <= 1/32 of their pairs (sparse path),
+    # some more (dense path); both must apply lam_pos = 1 - b to the positives' gradient.
+    n, labels = 128, torch.arange(128) % 4
+    gen = torch.Generator().manual_seed(0)
+    noise = 0.1 * torch.randn(n, 8, generator=gen, dtype=torch.float64)
+    x = (torch.eye(8, dtype=torch.float64)[labels] + noise).requires_grad_()
+    kwargs = dict(imbalance=0.3, alpha=1.2, gallery_gradient=gallery_gradient, reducer=PerQuery())
+    chunked = RankedListLoss(0.7, 10, chunk_size=16, **kwargs)(x, labels)
+    dense = RankedListLoss(0.7, 10, distance=DenseLp(), **kwargs)(x, labels)
+    torch.testing.assert_close(chunked, dense, rtol=1e-12, atol=1e-14)
+    assert (chunked > 0).sum() > n // 2
+    upstream = torch.rand(n, dtype=torch.float64, generator=gen)
+    g_chunked = torch.autograd.grad(chunked, x, upstream)[0]
+    g_dense = torch.autograd.grad(dense, x, upstream)[0]
+    torch.testing.assert_close(g_chunked, g_dense, rtol=1e-10, atol=1e-12)
