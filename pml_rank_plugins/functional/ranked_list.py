@@ -16,7 +16,8 @@ Per query ``i`` (notation of the paper, ``d = dist[i, j]``):
   weighted by ``exp(Tp (d - (alpha - m)))``, normalized, as in the authors' journal version;
 * ``L_N`` (eq. 12): weighted mean margin loss of the mined negatives;
 * ``L = L_P + lam L_N`` (eq. 13); the batch loss is the mean of ``L`` over all queries (eq. 14),
-  left to the caller (a PML reducer).
+  left to the caller (a PML reducer). ``lam_pos`` (default 1) weights ``L_P`` too, so PML's
+  parametrization ``(1 - imbalance) L_P + imbalance L_N`` is ``lam_pos = 1 - b, lam = b``.
 
 The weights are constants: they are computed without gradient, as in the authors' implementation,
 so the gradient of ``L`` flows through the distances of the mined pairs only. On the mined pairs the
@@ -42,7 +43,8 @@ class RankedListTerms(NamedTuple):
     """Per-query RLL terms, each of shape ``(N,)``.
 
     ``loss`` (eq. 13) is differentiable with respect to ``dist``; ``pos_loss`` (eq. 11) and
-    ``neg_loss`` (eq. 12) are detached copies of its two parts (``loss = pos_loss + lam neg_loss``);
+    ``neg_loss`` (eq. 12) are detached copies of its two parts
+    (``loss = lam_pos pos_loss + lam neg_loss``);
     ``num_pos`` / ``num_neg`` count the mined (non-trivial) positives / negatives (int64).
     """
 
@@ -53,9 +55,17 @@ class RankedListTerms(NamedTuple):
     num_neg: torch.Tensor
 
 
-def check_rll_params(alpha: float, margin: float, Tn: float, Tp: float = 0.0, lam: float = 1.0):
-    """Raise ``ValueError`` unless ``alpha > margin >= 0``, ``Tn, Tp, lam >= 0``, all finite."""
-    values = {"alpha": alpha, "margin": margin, "Tn": Tn, "Tp": Tp, "lam": lam}
+def check_rll_params(
+    alpha: float,
+    margin: float,
+    Tn: float,
+    Tp: float = 0.0,
+    lam: float = 1.0,
+    lam_pos: float = 1.0,
+) -> None:
+    """Raise ``ValueError`` unless ``alpha > margin >= 0``, ``Tn, Tp, lam, lam_pos >= 0``, all
+    finite real numbers (bools refused)."""
+    values = {"alpha": alpha, "margin": margin, "Tn": Tn, "Tp": Tp, "lam": lam, "lam_pos": lam_pos}
     for name, value in values.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ValueError(f"{name} must be a real number, got {value!r}")
@@ -68,9 +78,60 @@ def check_rll_params(alpha: float, margin: float, Tn: float, Tp: float = 0.0, la
             f"alpha must be larger than margin (positive boundary alpha - margin > 0), "
             f"got alpha={alpha}, margin={margin}"
         )
-    for name in ("Tn", "Tp", "lam"):
+    for name in ("Tn", "Tp", "lam", "lam_pos"):
         if values[name] < 0:
             raise ValueError(f"{name} must be >= 0, got {values[name]}")
+
+
+def _real(value, name: str) -> float:
+    """``value`` as a float if it is a finite real number (bools refused), else ``ValueError``."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
+def default_alpha(margin: float, alpha: float | None) -> float:
+    """``alpha``, or PML's default ``1 + margin / 2`` when it is ``None`` (1.2 for the paper's
+    ``margin = 0.4``). ``margin`` itself is checked by :func:`check_rll_params`."""
+    if alpha is not None:
+        return alpha
+    return 1.0 + _real(margin, "margin") / 2.0
+
+
+def term_weights(imbalance: float | None, lam: float | None) -> tuple[float, float]:
+    """``(lam_pos, lam)``, the weights of ``L_P`` and ``L_N``, from one of the two
+    parametrizations.
+
+    Args:
+        imbalance: PML's ``b`` in ``[0, 1]``: ``(1 - b) L_P + b L_N``, i.e. ``(1 - b, b)``
+            (``(1 - b) *`` the paper's loss with ``lam = b / (1 - b)``), or ``None``.
+        lam: the paper's eq. 13 ``L_P + lam L_N``, i.e. ``(1, lam)``, or ``None`` (1).
+
+    Returns:
+        ``(lam_pos, lam)`` as floats.
+
+    Raises:
+        ValueError: both given (naming both and the conversion), or ``imbalance`` outside
+            ``[0, 1]`` (also hinting at the positional order, since the old one put ``Tn``
+            third).
+    """
+    if imbalance is not None and lam is not None:
+        raise ValueError(
+            f"pass either imbalance (PML: (1 - imbalance) L_P + imbalance L_N) or lam (paper: "
+            f"L_P + lam L_N), not both: got imbalance={imbalance!r}, lam={lam!r}; imbalance=b is "
+            "(1 - b) * the loss with lam=b / (1 - b)"
+        )
+    if imbalance is None:
+        return 1.0, 1.0 if lam is None else lam
+    b = _real(imbalance, "imbalance")
+    if not 0.0 <= b <= 1.0:
+        raise ValueError(
+            f"imbalance must be in [0, 1], got {b:g} (the positional order is PML's: margin, Tn, "
+            "imbalance, alpha, Tp; pass alpha=... by keyword)"
+        )
+    return 1.0 - b, b
 
 
 def mine_non_trivial(
@@ -127,11 +188,12 @@ def scaled_exp_(x: torch.Tensor, temperature: float) -> torch.Tensor:
     return x.double().mul_(temperature).exp_().to(x.dtype)
 
 
-def check_loss_range(dtype: torch.dtype, alpha: float, lam: float) -> None:
-    """Raise ``ValueError`` naming ``alpha`` / ``lam`` if either is not representable in the
-    compute ``dtype`` (it would round to ``inf`` and make the loss or its gradient inf/NaN)."""
+def check_loss_range(dtype: torch.dtype, alpha: float, lam: float, lam_pos: float = 1.0) -> None:
+    """Raise ``ValueError`` naming ``alpha`` / ``lam`` / ``lam_pos`` if one is not representable
+    in the compute ``dtype`` (it would round to ``inf`` and make the loss or its gradient
+    inf/NaN)."""
     big = torch.finfo(dtype).max
-    for name, value in (("alpha", alpha), ("lam", lam)):
+    for name, value in (("alpha", alpha), ("lam", lam), ("lam_pos", lam_pos)):
         if value > big:
             raise ValueError(
                 f"{name}={value:g} exceeds the largest {dtype} ({big:.4g}): the loss would "
@@ -192,7 +254,7 @@ class _LinearInDistance(torch.autograd.Function):
     """Returns precomputed per-query ``value``; backward: ``d value_i / d dist_ij = coef_ij``.
 
     Exact for RLL with constant weights: on the mined pairs every hinge is active, so each
-    query's loss is linear in its distances with coefficient ``w+`` (positives) or ``-lam w-``
+    query's loss is linear in its distances with coefficient ``lam_pos w+`` (positives) or ``-lam w-``
     (negatives), and 0 elsewhere. Saves one ``(N, M)`` matrix; backward is one pass.
     """
 
@@ -218,8 +280,9 @@ def ranked_list_terms(
     lam: float = 1.0,
     neg_weights: Optional[torch.Tensor] = None,
     pos_weights: Optional[torch.Tensor] = None,
+    lam_pos: float = 1.0,
 ) -> RankedListTerms:
-    """Per-query Ranked List Loss ``L_i = L_P,i + lam L_N,i`` (eqs. 8-13) from distances.
+    """Per-query Ranked List Loss ``L_i = lam_pos L_P,i + lam L_N,i`` (eqs. 8-13) from distances.
 
     Args:
         dist: ``(N, M)`` distances (finite, floating point); gradient flows through it.
@@ -234,6 +297,8 @@ def ranked_list_terms(
             of the temperature weights (e.g. from :class:`RankedListMiner`); renormalized over
             each query's mined pairs (a query whose mined pairs all have weight 0 gets no loss
             from them). Treated as constants.
+        lam_pos: weight of ``L_P`` (default 1, eq. 13); PML's ``imbalance=b`` is
+            ``lam_pos=1 - b, lam=b``.
 
     Returns:
         :class:`RankedListTerms`. Queries with nothing mined have zero loss (and zero gradient).
@@ -241,7 +306,7 @@ def ranked_list_terms(
     O(N M) time and memory: about 15 element-wise passes over ``(N, M)`` in the forward, one in
     the backward, which needs one saved ``(N, M)`` coefficient matrix.
     """
-    check_rll_params(alpha, margin, Tn, Tp, lam)
+    check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
     if dist.ndim != 2 or pos_mask.shape != dist.shape or neg_mask.shape != dist.shape:
         raise ValueError(
             f"dist, pos_mask and neg_mask must share one (N, M) shape, got {tuple(dist.shape)}, "
@@ -257,7 +322,7 @@ def ranked_list_terms(
         raise ValueError("a (query, reference) pair is marked both positive and negative")
     # float16/bfloat16 distances are computed in float32; the gradient flows back in their dtype.
     dist = dist.to(compute_dtype(dist.dtype))
-    check_loss_range(dist.dtype, alpha, lam)
+    check_loss_range(dist.dtype, alpha, lam, lam_pos)
     pos_thr = alpha - margin
     with torch.no_grad():
         d = dist.detach()
@@ -276,10 +341,11 @@ def ranked_list_terms(
         # Both are >= 0 exactly (every mined hinge is > 0); the clamp only removes rounding.
         pos_loss = (_row_dot(ep, d) * inv_zp - pos_thr).masked_fill_(zp <= 0, 0.0).clamp_min_(0)
         neg_loss = (alpha - _row_dot(en, d) * inv_zn).masked_fill_(zn <= 0, 0.0).clamp_min_(0)
-        value = pos_loss + lam * neg_loss
+        value = lam_pos * pos_loss + lam * neg_loss
         check_loss_finite(value, alpha, lam)
-        # dL_i/dd_ij: w+ on mined positives, -lam w- on mined negatives (weights held constant).
-        coef = en.mul_((-lam * inv_zn).unsqueeze(1)).addcmul_(ep, inv_zp.unsqueeze(1))
+        # dL_i/dd_ij: lam_pos w+ on mined positives, -lam w- on mined negatives (weights held
+        # constant).
+        coef = en.mul_((-lam * inv_zn).unsqueeze(1)).addcmul_(ep, (lam_pos * inv_zp).unsqueeze(1))
     loss = _LinearInDistance.apply(dist, coef, value) if dist.requires_grad else value
     return RankedListTerms(
         loss, pos_loss, neg_loss, _count(pos, zp, Tp, pos_weights), _count(neg, zn, Tn, neg_weights)

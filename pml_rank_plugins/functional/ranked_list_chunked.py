@@ -16,10 +16,10 @@ buffers allocated once and reused:
    ``exp(Tn (min - d))`` over the mined negatives (or a miner's ``.weights``, scattered into the
    chunk from their sparse list), so no exponent is positive;
 4. per-query sums: ``Z+ = sum w+``, ``S+ = sum w+ d`` (and ``Z-``, ``S-``), giving
-   ``L_P = S+/Z+ - (alpha - m)``, ``L_N = alpha - S-/Z-``, ``L = L_P + lam L_N``.
+   ``L_P = S+/Z+ - (alpha - m)``, ``L_N = alpha - S-/Z-``, ``L = lam_pos L_P + lam L_N``.
 
 Backward recomputes steps 1-3 per chunk (bit-identical to the forward) and forms
-``c_ij = g_i (w+_ij / Z+_i - lam w-_ij / Z-_i) / d_ij`` (0 at ``d = 0``, the ``cdist``
+``c_ij = g_i (lam_pos w+_ij / Z+_i - lam w-_ij / Z-_i) / d_ij`` (0 at ``d = 0``, the ``cdist``
 convention), then ``grad_q = q * sum_j c - c R`` and, when the references need gradient,
 ``grad_r = r * sum_i c - c^T Q``. Nothing of size N x M is kept between the passes: only
 ``O(N)`` per-query sums.
@@ -55,6 +55,7 @@ class _Params(NamedTuple):
     Tn: float
     Tp: float
     lam: float
+    lam_pos: float = 1.0
 
 
 class SparseWeights:
@@ -208,7 +209,7 @@ class _ChunkedRankedList(torch.autograd.Function):
         pos_loss = (s_pos * inv_zp - (params.alpha - params.margin)).masked_fill_(z_pos <= 0, 0.0)
         neg_loss = (params.alpha - s_neg * inv_zn).masked_fill_(z_neg <= 0, 0.0)
         pos_loss.clamp_min_(0.0), neg_loss.clamp_min_(0.0)
-        loss = pos_loss + params.lam * neg_loss
+        loss = params.lam_pos * pos_loss + params.lam * neg_loss
         check_loss_finite(loss, params.alpha, params.lam)
         ctx.save_for_backward(queries, refs, inv_zp, inv_zn)
         ctx.setup = (categories, neg_source, params, chunk_rows, sparse, dense_starts)
@@ -244,7 +245,7 @@ class _ChunkedRankedList(torch.autograd.Function):
                 col_sum.index_add_(0, col, val)
                 grad_r.sub_(torch.sparse.mm(coef.t(), q))
         if dense_starts:
-            scale_pos = grad_loss * inv_zp
+            scale_pos = grad_loss * inv_zp * params.lam_pos
             scale_neg = grad_loss * inv_zn * params.lam
             ref_sq = (refs * refs).sum(1).unsqueeze(0)
             ws = _Workspace(min(chunk_rows, n), m, queries)
@@ -305,9 +306,9 @@ def _sparse_chunk(dist, pos, mined, neg_source, params, ws, start):
         torch.bincount(rp, minlength=rows),
         torch.bincount(rn, minlength=rows),
     )
-    # dL_i/dd_ij = w+_ij / Z+_i on positives, -lam w-_ij / Z-_i on negatives; then / d_ij (0 at
-    # d = 0, the cdist convention; a mined positive has d > alpha - m > 0).
-    c_pos = e_pos.mul_(_inverse(z_pos)[rp]).div_(dp)
+    # dL_i/dd_ij = lam_pos w+_ij / Z+_i on positives, -lam w-_ij / Z-_i on negatives; then
+    # / d_ij (0 at d = 0, the cdist convention; a mined positive has d > alpha - m > 0).
+    c_pos = e_pos.mul_(_inverse(z_pos)[rp]).mul_(params.lam_pos).div_(dp)
     c_neg = e_neg.mul_(_inverse(z_neg)[rn]).mul_(-params.lam).div_(dn)
     c_neg.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     stored = (
@@ -330,6 +331,7 @@ def chunked_ranked_list_terms(
     lam: float = 1.0,
     neg_weights: Optional[SparseWeights] = None,
     chunk_size: Optional[int] = None,
+    lam_pos: float = 1.0,
 ) -> RankedListTerms:
     """Per-query Ranked List Loss of ``queries`` against ``refs`` with Euclidean distances.
 
@@ -343,7 +345,7 @@ def chunked_ranked_list_terms(
             :class:`~pml_rank_plugins.functional.chunking.LabelCategories`,
             :class:`~pml_rank_plugins.functional.chunking.DenseCategories` or an ``(N, M)`` int8
             tensor.
-        alpha, margin, Tn, Tp, lam: as in :func:`ranked_list_terms`.
+        alpha, margin, Tn, Tp, lam, lam_pos: as in :func:`ranked_list_terms`.
         neg_weights: optional :class:`SparseWeights` replacing the ``Tn`` weights (renormalized
             over each query's mined negatives; constants).
         chunk_size: query rows per chunk (``None``: :func:`rows_per_chunk`).
@@ -355,7 +357,7 @@ def chunked_ranked_list_terms(
     Time O(N M d) (three ``N x M x d`` products, four with reference gradient) + O(N M)
     elementwise; memory O(chunk x M) + O((N + M) d) beyond the inputs (see the module docstring).
     """
-    check_rll_params(alpha, margin, Tn, Tp, lam)
+    check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
     if queries.ndim != 2 or refs.ndim != 2 or queries.shape[1] != refs.shape[1]:
         raise ValueError(
             f"need (N, d) queries and (M, d) refs, got {tuple(queries.shape)}, {tuple(refs.shape)}"
@@ -370,8 +372,8 @@ def chunked_ranked_list_terms(
         raise ValueError(
             f"categories must have shape {(len(queries), len(refs))}, got {tuple(categories.shape)}"
         )
-    check_loss_range(queries.dtype, alpha, lam)
-    params = _Params(float(alpha), float(margin), float(Tn), float(Tp), float(lam))
+    check_loss_range(queries.dtype, alpha, lam, lam_pos)
+    params = _Params(float(alpha), float(margin), float(Tn), float(Tp), float(lam), float(lam_pos))
     chunk_rows = rows_per_chunk(len(queries), len(refs), chunk_size)
     with torch.autocast(queries.device.type, enabled=False):
         loss, pos_loss, neg_loss, num_pos, num_neg = _ChunkedRankedList.apply(

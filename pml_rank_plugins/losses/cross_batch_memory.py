@@ -15,7 +15,11 @@ PLUGIN_LOSSES = ["FastAPLoss", "QuantizedAPLoss", "RankedListLoss"]
 class CrossBatchMemory(PMLCrossBatchMemory):
     """PML's ``CrossBatchMemory`` (rank each batch against a queue of past embeddings), whose
     allow-list of loss class names also holds ``FastAPLoss``, ``QuantizedAPLoss`` and
-    ``RankedListLoss`` (PML 2.9.0 rejects any name not on its list, ours included).
+    ``RankedListLoss`` (PML 2.9.0 rejects any name not on its list, ours included: PML's
+    ``CrossBatchMemory(FastAPLoss())`` raises "CrossBatchMemory not supported for FastAPLoss";
+    importing this class instead is the whole fix). The list is extended on this subclass only,
+    never on PML's class: PML's allow-list goes by class name, and PML's own ``FastAPLoss`` /
+    ``RankedListLoss`` (which refuse ``ref_emb``) must stay refused there.
 
     It works unchanged because PML passes the memory as ``ref_emb``/``ref_labels`` together with an
     ``indices_tuple`` of all (query, memory) pairs minus each query's own slot, and our losses

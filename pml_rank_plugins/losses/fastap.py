@@ -18,10 +18,14 @@ class FastAPLoss(HistogramAPLoss):
     from round-off saturate into the end bins); ``FastAP_i = (1/N+_i) sum_l h+_l H+_l / H_l``
     (FastAP eq. 14). Values equal PML's ``FastAPLoss`` on batches where PML is defined (see README
     for the differences: ``indices_tuple`` restricts lists here, ``ref_emb`` is supported,
-    queries without negatives are excluded instead of scoring AP = 1).
+    queries without negatives are excluded instead of scoring AP = 1). Drop-in signature: PML's
+    ``FastAPLoss(num_bins=10, **kwargs)``. With a memory bank use
+    :class:`pml_rank_plugins.losses.CrossBatchMemory`: PML's own refuses this class by name
+    ("CrossBatchMemory not supported for FastAPLoss").
 
-    Cost: O(N M d + N M) time, O(chunk * M) floats + N M bytes of extra memory, independent of ``num_bins`` (PML's
-    ``FastAPLoss``: O(num_bins N^2) memory). See :class:`HistogramAPLoss` for the PML contract.
+    Cost: O(N M d + N M) time, O(chunk * M) floats + N M bytes of working memory, independent of
+    ``num_bins``, plus the ``(N, 2, num_bins + 1)`` histograms (PML's ``FastAPLoss``:
+    O(num_bins N^2) memory). See :class:`HistogramAPLoss` for the PML contract.
 
     Args:
         num_bins: number of bin spacings ``L`` (>= 1); the default 10 is the paper's.

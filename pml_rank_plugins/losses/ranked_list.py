@@ -7,10 +7,16 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
-from ..functional.ranked_list import check_rll_params, ranked_list_terms
+from ..functional.ranked_list import (
+    check_rll_params,
+    default_alpha,
+    ranked_list_terms,
+    term_weights,
+)
 from ..functional.ranked_list_chunked import SparseWeights, chunked_ranked_list_terms
 from ..functional.validation import (
     check_finite,
+    check_labels,
     prepare_embeddings,
     validate_indices_tuple,
 )
@@ -33,16 +39,27 @@ class RankedListLoss(BaseMetricLossFunction):
     ``alpha - d`` weighted by ``exp(Tn (alpha - d))``, normalized (eqs. 9, 12). See
     :mod:`pml_rank_plugins.functional.ranked_list`.
 
-    Differences from PML's ``RankedListLoss`` (see README): the weights are constants (no gradient
-    through them, as in the authors' code), so every mined negative is pushed away at any ``Tn``;
-    weights are a masked softmax (no overflow, no epsilon); ``lam`` weights ``L_N`` as in the paper
-    (PML's ``imbalance=0.5`` is ``0.5 *`` ours with ``lam=1``); ``ref_emb`` and ``indices_tuple``
-    are supported.
+    Drop-in for PML's ``RankedListLoss(margin, Tn, imbalance=0.5, alpha=None, Tp=0)``: same
+    positional order and keywords, same meaning (``RankedListLoss(0.4, 10)`` is ``margin=0.4,
+    Tn=10``). Differences (docs/ranked-list.md, docs/migrating.md): the weights are constants (no
+    gradient through them, as in the authors' code), so every mined negative is pushed away at any
+    ``Tn``; weights are a masked softmax (no overflow, no epsilon); without ``imbalance`` the loss
+    is the paper's ``L_P + lam L_N`` (PML's default ``imbalance=0.5`` is ``0.5 *`` ours with
+    ``lam=1``); ``ref_emb`` and ``indices_tuple`` are supported. With a memory bank use
+    :class:`pml_rank_plugins.losses.CrossBatchMemory`: PML's own refuses this class by name
+    ("CrossBatchMemory not supported for RankedListLoss").
 
     Args:
-        margin, alpha: boundaries (need ``alpha > margin >= 0``; negatives pushed beyond
-            ``alpha``, positives pulled within ``alpha - margin``).
-        Tn, Tp: negative / positive temperatures (>= 0). lam: weight of ``L_N`` (>= 0).
+        margin: positives are pulled within ``alpha - margin`` (>= 0, < ``alpha``).
+        Tn: negative temperature (>= 0; eq. 9).
+        imbalance: PML's parametrization ``(1 - imbalance) L_P + imbalance L_N``, ``b`` in
+            ``[0, 1]``; equals ``(1 - b) *`` the loss with ``lam = b / (1 - b)`` (same
+            minimizer, gradients scaled by ``1 - b``). ``None`` (default): the paper's
+            ``L_P + lam L_N``. Mutually exclusive with ``lam``.
+        alpha: negatives are pushed beyond ``alpha`` (> ``margin``); ``None`` (default):
+            ``1 + margin / 2`` as in PML (1.2 for the paper's ``margin=0.4``).
+        Tp: positive temperature (>= 0; journal version; 0 = plain mean).
+        lam: weight of ``L_N`` in eq. 13 (>= 0); ``None``: 1. Keyword-only.
         gallery_gradient: ``False`` (paper sec. 3.2, "we regard the features of other examples as
             constants"): in query ``i``'s list only ``x_i`` receives gradient, i.e. distances are
             taken to ``ref_emb.detach()``. When ``ref_emb`` is the batch, every embedding still
@@ -70,6 +87,19 @@ class RankedListLoss(BaseMetricLossFunction):
     float32. ``alpha`` or ``lam`` so large that the loss overflows the compute dtype raise
     ``ValueError`` naming them; any finite ``Tn``/``Tp`` works.
 
+    float16 gradient range: the gradient is computed in float32 and cast back to the embeddings'
+    dtype, so with float16 embeddings (e.g. the output of a float16 layer under autocast) an
+    entry above float16's largest value, 65504, becomes ``inf`` (never NaN) while the float32
+    loss stays finite: the overflow signal ``torch.amp.GradScaler`` handles by skipping the step
+    and lowering its scale. An entry is at most about ``(lam_pos + lam) / (N ||x||)`` (default
+    mean reduction over ``N`` queries, ``gallery_gradient=False``, ``||x||`` the raw row norm; the
+    mined weights of a list sum to 1 and a unit-normalized distance moves by at most
+    ``1 / ||x||``), times a GradScaler's scale. Measured at ``N = 32``, ``||x|| ~ 1``: largest
+    entry ``0.038 lam``, float16 gradients finite up to ``lam = 1.5e6``, inf from ``lam = 2e6``
+    (the audit's ``lam = 1e10``: inf). Computing in float32 already happens; the value itself is
+    out of float16's range, so no exact guard exists. bfloat16 and float32 do not overflow at any
+    accepted ``lam``.
+
     Cost: with PML's default ``LpDistance(p=2, power=1)`` (normalized or not) the loss runs the
     chunked kernel :mod:`pml_rank_plugins.functional.ranked_list_chunked`: O(N M d) time, memory
     O(chunk_size x M) floats + O(number of mined pairs), no float N x M tensor (plus N M bytes
@@ -83,25 +113,30 @@ class RankedListLoss(BaseMetricLossFunction):
     def __init__(
         self,
         margin: float = 0.4,
-        alpha: float = 1.2,
         Tn: float = 10.0,
+        imbalance: float | None = None,
+        alpha: float | None = None,
         Tp: float = 0.0,
-        lam: float = 1.0,
+        *,
+        lam: float | None = None,
         gallery_gradient: bool = False,
         chunk_size: int | None = None,
         **kwargs,
     ):
-        check_rll_params(alpha, margin, Tn, Tp, lam)
+        alpha = default_alpha(margin, alpha)
+        lam_pos, lam = term_weights(imbalance, lam)
+        check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
         chunk_size = check_chunk_size(chunk_size)
         super().__init__(**kwargs)
         self.chunk_size = chunk_size
         if self.distance.is_inverted:
             raise ValueError("RankedListLoss needs a distance (small = similar), not a similarity")
         self.margin, self.alpha = float(margin), float(alpha)
-        self.Tn, self.Tp, self.lam = float(Tn), float(Tp), float(lam)
+        self.Tn, self.Tp, self.lam, self.lam_pos = float(Tn), float(Tp), float(lam), float(lam_pos)
+        self.imbalance = None if imbalance is None else float(imbalance)
         self.gallery_gradient = bool(gallery_gradient)
         self.add_to_recordable_attributes(
-            list_of_names=["margin", "alpha", "Tn", "Tp", "lam"], is_stat=False
+            list_of_names=["margin", "alpha", "Tn", "Tp", "lam", "lam_pos"], is_stat=False
         )
         self.add_to_recordable_attributes(
             list_of_names=[
@@ -123,6 +158,8 @@ class RankedListLoss(BaseMetricLossFunction):
         c_f.labels_required(labels)
         if ref_labels is None:
             raise ValueError("ref_labels are required with ref_emb")
+        check_labels(labels, "labels")
+        check_labels(ref_labels, "ref_labels")
         # Under torch.autocast the distance product would run in bfloat16/float16 (and its
         # backward mix dtypes): everything here is computed in float32 or better instead.
         with torch.autocast(embeddings.device.type, enabled=False):
@@ -177,7 +214,14 @@ class RankedListLoss(BaseMetricLossFunction):
         }
 
     def _params(self) -> dict:
-        return dict(alpha=self.alpha, margin=self.margin, Tn=self.Tn, Tp=self.Tp, lam=self.lam)
+        return dict(
+            alpha=self.alpha,
+            margin=self.margin,
+            Tn=self.Tn,
+            Tp=self.Tp,
+            lam=self.lam,
+            lam_pos=self.lam_pos,
+        )
 
     @staticmethod
     def _pair_weights(indices_tuple, device):

@@ -6,9 +6,14 @@ import torch
 from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.miners import BaseMiner
 
-from ..functional.ranked_list import check_rll_params, mine_non_trivial, negative_weights
+from ..functional.ranked_list import (
+    check_rll_params,
+    default_alpha,
+    mine_non_trivial,
+    negative_weights,
+)
 from ..functional.ranked_list_chunked import chunked_ranked_list_mining
-from ..functional.validation import prepare_embeddings
+from ..functional.validation import check_labels, prepare_embeddings
 from ..utils.loss_and_miner_utils import (
     WeightedPairs,
     check_chunk_size,
@@ -44,16 +49,27 @@ class RankedListMiner(BaseMiner):
 
     Stats (``collect_stats``): ``num_pos_pairs``, ``num_neg_pairs`` (set by PML) and
     ``num_anchors_nothing_mined`` (queries with no non-trivial pair at all).
+
+    Args:
+        margin, Tn: as :class:`~pml_rank_plugins.losses.RankedListLoss`, in the same (PML's)
+            positional order, so ``RankedListMiner(0.4, 10)`` mines for ``RankedListLoss(0.4,
+            10)``.
+        alpha: keyword-only; ``None`` (default): ``1 + margin / 2``, as the loss.
+        chunk_size: query rows per chunk (``None``: automatic).
+
+    Labels must be class ids: bool labels are a ``ValueError``, as in the losses.
     """
 
     def __init__(
         self,
-        alpha: float = 1.2,
         margin: float = 0.4,
         Tn: float = 10.0,
+        *,
+        alpha: float | None = None,
         chunk_size: int | None = None,
         **kwargs,
     ):
+        alpha = default_alpha(margin, alpha)
         check_rll_params(alpha, margin, Tn)
         chunk_size = check_chunk_size(chunk_size)
         super().__init__(**kwargs)
@@ -75,6 +91,8 @@ class RankedListMiner(BaseMiner):
     def mine(self, embeddings, labels, ref_emb, ref_labels) -> WeightedPairs:
         if labels is None or ref_labels is None:
             raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
+        check_labels(labels, "labels")
+        check_labels(ref_labels, "ref_labels")
         # Under torch.autocast the distance product would run in low precision: mine in float32.
         with torch.autocast(embeddings.device.type, enabled=False):
             return self._mine(embeddings, labels, ref_emb, ref_labels)

@@ -32,6 +32,34 @@ from ..functional.validation import check_int
 from .class_pools import ClassPools, PoolCursor, fill_part
 
 
+def refuse_pml_keywords(sampler: str, m, length_before_new_iter) -> None:
+    """Raise ``ValueError`` for PML ``MPerClassSampler`` keywords that have no equal here.
+
+    A user swapping ``MPerClassSampler(labels, m=4, batch_size=32, length_before_new_iter=...)``
+    for one of these samplers gets the equivalent instead of a bare ``TypeError``: the samplers
+    take whole classes (no exact per-class count) and their epoch length follows from the scheme.
+
+    Args:
+        sampler: the class name, for the message.
+        m, length_before_new_iter: the keywords as passed (``None``: not passed).
+
+    Raises:
+        ValueError: either is not ``None``, naming it and what to use.
+    """
+    if m is not None:
+        raise ValueError(
+            f"{sampler} has no m (PML MPerClassSampler's exact number of items per class): it "
+            f"fills batches with whole classes; samples_per_class={m!r} caps the items a class "
+            "contributes to a batch (the nearest equivalent), or keep PML's MPerClassSampler"
+        )
+    if length_before_new_iter is not None:
+        raise ValueError(
+            f"{sampler} has no length_before_new_iter (PML MPerClassSampler's number of samples "
+            "per iteration): its epoch length follows from the scheme (see len(sampler), "
+            "docs/samplers.md); train for more batches with more epochs"
+        )
+
+
 class ClassBatchSampler(BatchSampler):
     """Base for samplers that build batches of exactly ``batch_size`` indices from whole classes.
 
@@ -48,7 +76,11 @@ class ClassBatchSampler(BatchSampler):
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
+        *,
+        m=None,
+        length_before_new_iter=None,
     ):
+        refuse_pml_keywords(type(self).__name__, m, length_before_new_iter)
         batch_size = check_int(batch_size, "batch_size", minimum=2)
         num_replicas = check_int(num_replicas, "num_replicas", minimum=1)
         rank = check_int(rank, "rank", minimum=0, maximum=num_replicas - 1)

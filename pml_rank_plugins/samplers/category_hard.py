@@ -32,6 +32,8 @@ class CategoryHardSampler(ClassBatchSampler):
         samples_per_class: ``"all"`` (paper) or the most items a class contributes to a batch.
         seed, num_replicas, rank: see :class:`~.base.ClassBatchSampler`.
         categories: optional 1-D category array when ``labels`` is 1-D.
+        m, length_before_new_iter: PML ``MPerClassSampler`` keywords, refused with the
+            equivalent (:func:`~.base.refuse_pml_keywords`).
     """
 
     def __init__(
@@ -45,9 +47,20 @@ class CategoryHardSampler(ClassBatchSampler):
         num_replicas: int = 1,
         rank: int = 0,
         categories=None,
+        *,
+        m=None,
+        length_before_new_iter=None,
     ):
         super().__init__(
-            labels, batch_size, categories, samples_per_class, seed, num_replicas, rank
+            labels,
+            batch_size,
+            categories,
+            samples_per_class,
+            seed,
+            num_replicas,
+            rank,
+            m=m,
+            length_before_new_iter=length_before_new_iter,
         )
         categories_per_batch = check_int(categories_per_batch, "categories_per_batch", minimum=2)
         batches_per_pair = check_int(batches_per_pair, "batches_per_pair", minimum=1)

@@ -19,7 +19,8 @@ class LabeledUnlabeledSampler(ClassBatchSampler):
     item counts); the batches are apportioned to categories in proportion to ``N_c`` (largest
     remainder) and shuffled. Labeled categories that cannot fill a half are excluded with a warning
     naming them; no usable labeled category, or unlabeled items that cannot fill a half, is a
-    ``ValueError``.
+    ``ValueError``. PML ``MPerClassSampler``'s ``m`` / ``length_before_new_iter`` are refused with
+    the equivalent (:func:`~.base.refuse_pml_keywords`).
     """
 
     def __init__(
@@ -31,9 +32,20 @@ class LabeledUnlabeledSampler(ClassBatchSampler):
         num_replicas: int = 1,
         rank: int = 0,
         categories=None,
+        *,
+        m=None,
+        length_before_new_iter=None,
     ):
         super().__init__(
-            labels, batch_size, categories, samples_per_class, seed, num_replicas, rank
+            labels,
+            batch_size,
+            categories,
+            samples_per_class,
+            seed,
+            num_replicas,
+            rank,
+            m=m,
+            length_before_new_iter=length_before_new_iter,
         )
         self.part_size = self._part_size(
             2, f"batch_size must be even (two halves), got {self.batch_size}", "each half"

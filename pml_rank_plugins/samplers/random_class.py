@@ -16,6 +16,10 @@ class RandomClassSampler(ClassBatchSampler):
     An epoch has ``floor(U / batch_size)`` batches (at least 1), ``U`` = items in classes of >= 2
     items, so about every item is seen once. Same guarantees as :class:`CategoryHardSampler`
     (exact size, >= 2 items per class present, no duplicates); categories are ignored.
+
+    Not PML's ``MPerClassSampler(labels, m, batch_size)``: the second positional argument here is
+    ``batch_size``; PML's ``m`` / ``length_before_new_iter`` keywords are refused with the
+    equivalent (:func:`~.base.refuse_pml_keywords`).
     """
 
     def __init__(
@@ -27,11 +31,22 @@ class RandomClassSampler(ClassBatchSampler):
         num_replicas: int = 1,
         rank: int = 0,
         categories=None,
+        *,
+        m=None,
+        length_before_new_iter=None,
     ):
         if categories is None and np.ndim(labels) == 1:
             categories = np.zeros(len(labels), dtype=np.int64)  # categories play no role here
         super().__init__(
-            labels, batch_size, categories, samples_per_class, seed, num_replicas, rank
+            labels,
+            batch_size,
+            categories,
+            samples_per_class,
+            seed,
+            num_replicas,
+            rank,
+            m=m,
+            length_before_new_iter=length_before_new_iter,
         )
         members = self.pools.pool()
         problem = self.pools.pool_problem(members, self.batch_size)
