@@ -115,6 +115,7 @@ def _log_to_parent(log_queue, levels: dict) -> None:
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.addHandler(logging.handlers.QueueHandler(log_queue))
+    logging.captureWarnings(True)  # each worker would print a library's warning once itself
     for name, level in levels.items():
         logging.getLogger(name or None).setLevel(level)
 
