@@ -304,6 +304,14 @@ def execute(
     ``n_jobs > 1`` runs them in that many ``spawn`` worker processes (each with the parent's
     torch thread count and registered names, so results equal a sequential run); worker ``k``
     uses GPU ``k mod #GPUs`` when the device is ``cuda`` and several GPUs are visible.
+    Every run's log lines carry its label (``[name seed<i>] ...``, :func:`run_label`); workers'
+    lines are printed by this process, workers draw no progress bars and exit if this process
+    dies; lines repeated across runs are printed once with a count (:func:`repeated_logs_once`).
+
+    Raises:
+        ValueError: ``n_jobs < 1``, or ``n_jobs > 1`` under torchrun.
+        RunFolderError: used run folders without ``resume`` or ``overwrite``.
+        RankTimeoutError: under torchrun, a rank did not answer (every rank stops).
     """
     if n_jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {n_jobs}")
