@@ -7,7 +7,9 @@ compared on paired runs exactly like methods in :mod:`.compare`. Outputs in ``ou
 ``<cell>/seed<i>/`` run folders, ``sweep.md``, ``sweep.csv`` (percent), ``sweep.json`` (every
 number; same statistics as ``compare``: 95% t intervals, paired differences vs the reference
 cell, t-test and Wilcoxon p) and ``sweep_<key>.png`` (primary metric vs each grid key with 95%
-bands; one line per combination of the other keys). ``resume`` skips finished runs.
+bands; one line per combination of the other keys). ``resume`` skips finished runs; a folder that
+already holds runs is refused unless ``overwrite`` (the policy of :func:`.compare.run_comparison`).
+Under torchrun every rank trains every run and rank 0 alone writes the files.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import yaml
 
 from ..experiment.methods import check_methods, collect_methods, slug
 from ..experiment.schema import ConfigError
+from ..running import distributed
 from ..running.pool import execute, make_jobs
 from .compare import write_pictures
 from .summary import primary_metric, summarize, write_outputs
@@ -80,6 +83,7 @@ def run_sweep(
     jobs: int = 1,
     pictures: bool = False,
     data_root: str | None = None,
+    overwrite: bool = False,
 ) -> dict:
     """Train ``method`` of ``config`` at every grid cell x seed; write ``sweep.*`` and plots.
 
@@ -87,7 +91,10 @@ def run_sweep(
     has a single method. ``reference``: a cell name (default: the first cell). All cell configs
     are validated and their objects built before the first run (fail fast); failed runs are
     reported, not fatal (``summary["failed"]``). ``data_root``: as in
-    :func:`.compare.run_comparison`. Returns the summary dict.
+    :func:`.compare.run_comparison`. ``resume`` reuses finished runs and continues the others;
+    otherwise run folders that already hold runs are refused
+    (:class:`~pml_rank_plugins.running.run_folder.RunFolderError`) unless ``overwrite``, which
+    replaces them. Under torchrun rank 0 alone writes files. Returns the summary dict.
     """
     out_dir = Path(out_dir)
     method, grid, cells, configs = prepare_sweep(
@@ -96,7 +103,7 @@ def run_sweep(
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     all_jobs = make_jobs(configs, out_dir, seeds)
-    results = execute(all_jobs, resume, device, jobs, desc="sweep")
+    results = execute(all_jobs, resume, device, jobs, desc="sweep", overwrite=overwrite)
     primary = primary_metric(next(iter(configs.values())))
     summary = summarize(results, reference=reference, primary=primary, label="cell")
     summary.update(
@@ -107,11 +114,13 @@ def run_sweep(
         jobs=jobs,
         total_wall_seconds=time.perf_counter() - t0,
     )
-    if pictures:
-        summary["pictures"] = write_pictures(results, all_jobs, device)
-    write_outputs(summary, results, out_dir, stem="sweep")
-    summary["plots"] = [str(p) for p in write_sweep_plots(summary, out_dir)]
-    (out_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
+    if distributed.is_main_process():  # under torchrun: rank 0 writes
+        if pictures:
+            summary["pictures"] = write_pictures(results, all_jobs, device)
+        write_outputs(summary, results, out_dir, stem="sweep")
+        summary["plots"] = [str(p) for p in write_sweep_plots(summary, out_dir)]
+        (out_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
+    distributed.barrier()
     return summary
 
 

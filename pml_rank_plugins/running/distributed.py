@@ -13,14 +13,26 @@ Who does what (see :mod:`pml_rank_plugins.trainers.distributed` for the training
 * only rank 0 writes files (config, logs, tensorboard, checkpoints, ``metrics.json``) and runs
   evaluation; its results and RNG states are broadcast (:func:`broadcast_object`,
   :func:`sync_rng_state`) so every rank takes the same decisions and builds the same next batch.
+
+Faults: the process group has a timeout (:func:`setup`'s ``timeout``, else the environment
+variable ``PML_RANK_DIST_TIMEOUT`` in seconds, else 300 s). A collective that waits longer (a rank
+stopped, hung or far slower) fails on the ranks that waited; :func:`named_timeouts` turns that
+failure into a :class:`RankTimeoutError` naming the rank(s) that did not answer, found through
+the rendezvous store, and every rank exits. Before the process group exists (the start of a
+``compare`` or ``sweep`` under torchrun) :func:`is_main_process` reads ``RANK``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import math
 import os
 import platform
+import re
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import pytorch_metric_learning
 import torch
@@ -30,6 +42,25 @@ from .. import __version__
 from ..trainers.distributed import world_size
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TIMEOUT_ENV = "PML_RANK_DIST_TIMEOUT"
+DEFAULT_TIMEOUT_S = 300.0
+# How long a rank that timed out waits for the others to report in before naming the silent ones:
+# the ranks that waited time out within about this long of each other.
+MAX_REPORT_WAIT_S = 10.0
+_STORE_KEY = "pml_rank/timed_out/{}"
+# gloo: "Timed out waiting 2000ms for recv operation", then "Application timeout caused pair
+# closure"; NCCL: "Watchdog caught collective operation timeout"
+_TIMEOUT_MESSAGE = re.compile(r"timed out|timeout", re.IGNORECASE)
+_timeout_s = DEFAULT_TIMEOUT_S  # of the process group set up by this process
+
+
+class RankTimeoutError(TimeoutError):
+    """A collective did not complete within the process-group timeout; the message names the
+    rank(s) that did not answer (a ``TimeoutError``, so the CLI reports it in one line)."""
+
+
+class TorchrunRefusedError(ValueError):
+    """A command that does not run under torchrun was launched by it."""
 
 
 @dataclass(frozen=True)
@@ -65,14 +96,78 @@ def _env_int(name: str) -> int:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def setup(device: torch.device | str | None = None) -> DistContext:
+def env_rank() -> int:
+    """This process's rank from the torchrun environment (``RANK``); 0 outside torchrun."""
+    return _env_int("RANK") if launched_by_torchrun() else 0
+
+
+def refuse_under_torchrun(what: str) -> None:
+    """Raise when several torchrun processes run ``what`` (a command that runs on one process).
+
+    Args:
+        what: the command, as the user typed it (e.g. ``"eval"``).
+
+    Raises:
+        TorchrunRefusedError: launched by torchrun with ``WORLD_SIZE`` > 1.
+    """
+    if launched_by_torchrun() and _env_int("WORLD_SIZE") > 1:
+        raise TorchrunRefusedError(
+            f"`pml-rank {what}` runs in one process and torchrun started "
+            f"{os.environ['WORLD_SIZE']} (RANK={os.environ['RANK']}); run it without torchrun: "
+            f"pml-rank {what} ..."
+        )
+
+
+def configured_timeout(timeout: float | None = None) -> float:
+    """The process-group timeout in seconds: ``timeout``, else ``$PML_RANK_DIST_TIMEOUT``, else
+    :data:`DEFAULT_TIMEOUT_S`.
+
+    Args:
+        timeout: seconds, or None for the environment variable / the default.
+
+    Returns:
+        A finite number of seconds > 0.
+
+    Raises:
+        ValueError: the value (naming where it came from) is not a finite number > 0.
+    """
+    source = "timeout"
+    if timeout is None:
+        raw = os.environ.get(TIMEOUT_ENV)
+        if raw is None:
+            return DEFAULT_TIMEOUT_S
+        source = f"environment variable {TIMEOUT_ENV}"
+        try:
+            timeout = float(raw)
+        except ValueError:
+            timeout = math.nan
+    if isinstance(timeout, bool) or not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(
+            f"{source}={timeout!r}: the process-group timeout must be a number of seconds > 0, "
+            f"e.g. {TIMEOUT_ENV}=300"
+        )
+    return float(timeout)
+
+
+def setup(device: torch.device | str | None = None, timeout: float | None = None) -> DistContext:
     """The process group and device of this run.
 
-    ``device`` is the configured device (``--device`` or the config's ``device``). Under torchrun
-    a CUDA device becomes ``cuda:LOCAL_RANK`` with the NCCL backend; a CPU device uses gloo. An
-    already initialized default process group (e.g. from tests or an outer launcher) is reused.
-    Outside torchrun with no process group: world size 1, ``device`` unchanged.
+    Args:
+        device: the configured device (``--device`` or the config's ``device``). Under torchrun a
+            CUDA device becomes ``cuda:LOCAL_RANK`` with the NCCL backend; a CPU device uses gloo.
+        timeout: seconds a collective may wait for the other ranks before every rank gives up
+            (see :func:`configured_timeout`; default ``$PML_RANK_DIST_TIMEOUT`` or 300).
+
+    Returns:
+        The run's :class:`DistContext`. An already initialized default process group (e.g. from
+        tests or an outer launcher) is reused as it is. Outside torchrun with no process group:
+        world size 1, ``device`` unchanged.
+
+    Raises:
+        RuntimeError: torchrun asks for CUDA that is not there, or more ranks than GPUs.
+        ValueError: a bad timeout or torchrun variable.
     """
+    global _timeout_s
     device = torch.device(device or "cpu")
     if dist.is_available() and dist.is_initialized():
         return _context(device, initialized_here=False)
@@ -80,6 +175,7 @@ def setup(device: torch.device | str | None = None) -> DistContext:
         return DistContext(1, 0, 0, None, device)
     if not dist.is_available():
         raise RuntimeError("torchrun started this run but torch.distributed is not available")
+    seconds = configured_timeout(timeout)
     local_rank = _env_int("LOCAL_RANK")
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -96,7 +192,10 @@ def setup(device: torch.device | str | None = None) -> DistContext:
         backend = "nccl"
     else:
         backend = "gloo"
-    dist.init_process_group(backend=backend)
+    # gloo raises on every waiting rank after the timeout; NCCL's watchdog aborts the process
+    # after it (TORCH_NCCL_DESYNC_DEBUG=1 makes NCCL name the rank that did not join).
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=seconds))
+    _timeout_s = seconds
     return _context(device, initialized_here=True)
 
 
@@ -123,22 +222,105 @@ def shutdown() -> None:
 
 
 def is_main_process() -> bool:
-    """True on rank 0 (and in single-process runs)."""
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    """True on rank 0 and in single-process runs.
+
+    Before the process group exists (a torchrun ``compare`` before its first run sets it up)
+    the rank comes from ``RANK``, so rank 1 never takes rank 0's part.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return env_rank() == 0
+
+
+def is_peer_timeout(error: BaseException) -> bool:
+    """True for a collective's failure after the process-group timeout (with a group of > 1)."""
+    return (
+        world_size() > 1
+        and isinstance(error, RuntimeError)
+        and bool(_TIMEOUT_MESSAGE.search(str(error)))
+    )
+
+
+@contextlib.contextmanager
+def named_timeouts() -> Iterator[None]:
+    """Turn a collective's timeout inside the block into a :class:`RankTimeoutError` that names
+    the rank(s) that did not answer; other exceptions pass unchanged.
+
+    Every rank that timed out records it in the rendezvous store and waits (at most the smaller
+    of the timeout and :data:`MAX_REPORT_WAIT_S`) for the others to do the same: a rank that
+    never reports is stopped, hung or dead, and is named.
+
+    Raises:
+        RankTimeoutError: from the collective's RuntimeError (chained).
+    """
+    try:
+        yield
+    except RankTimeoutError:
+        raise
+    except RuntimeError as e:
+        if not is_peer_timeout(e):
+            raise
+        raise RankTimeoutError(_silent_ranks_message(e)) from e
+
+
+def _silent_ranks_message(error: BaseException) -> str:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    what = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    limit = f"the process-group timeout of {_timeout_s:g} s ({TIMEOUT_ENV})"
+    wait = min(_timeout_s, MAX_REPORT_WAIT_S)
+    others = [r for r in range(world) if r != rank]
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(datetime.timedelta(seconds=wait))
+        store.set(_STORE_KEY.format(rank), "1")
+        deadline = time.monotonic() + wait
+        silent = others
+        while silent and time.monotonic() < deadline:
+            silent = [r for r in silent if not store.check([_STORE_KEY.format(r)])]
+            if silent:
+                time.sleep(0.05)
+    except RuntimeError as store_error:  # the store lives in rank 0 (or torchrun's agent)
+        return (
+            f"rank {rank}: no answer from the other ranks within {limit}, and the rendezvous "
+            f"store at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} did not "
+            f"answer either ({store_error}): rank 0 or the launcher is stopped or hung; every "
+            f"rank exits ({what})"
+        )
+    if silent:
+        names = ", ".join(str(r) for r in silent)
+        return (
+            f"rank {rank}: rank {names} did not answer within {limit}; every rank exits. Look at "
+            f"rank {names} (stopped, hung, or far slower), or raise {TIMEOUT_ENV} ({what})"
+        )
+    return (
+        f"rank {rank}: a collective failed after {limit}, and every other rank timed out too: "
+        f"this rank answered too late or the ranks waited in different collectives; every "
+        f"rank exits ({what})"
+    )
 
 
 def barrier() -> None:
-    """``dist.barrier()`` when a process group exists, else nothing."""
+    """``dist.barrier()`` when a process group exists, else nothing.
+
+    Raises:
+        RankTimeoutError: a rank did not reach the barrier within the timeout (named).
+    """
     if world_size() > 1:
-        dist.barrier()
+        with named_timeouts():
+            dist.barrier()
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank ``src``'s ``obj`` on every rank (picklable objects; identity in one process)."""
+    """Rank ``src``'s ``obj`` on every rank (picklable objects; identity in one process).
+
+    Raises:
+        RankTimeoutError: a rank did not answer within the timeout (named).
+    """
     if world_size() == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    with named_timeouts():
+        dist.broadcast_object_list(box, src=src)
     return box[0]
 
 
@@ -164,7 +346,8 @@ def run_info(ctx: DistContext, amp: dict | None = None) -> dict:
     devices = [device]
     if ctx.distributed:
         devices = [None] * ctx.world_size
-        dist.all_gather_object(devices, device)
+        with named_timeouts():
+            dist.all_gather_object(devices, device)
     return {
         "world_size": ctx.world_size,
         "backend": ctx.backend,

@@ -4,23 +4,37 @@ Every (method, seed) is an ordinary :func:`.runner.train` run in ``OUT/<method>/
 :func:`execute` runs a list of :class:`Job` in this process or in ``K`` ``spawn`` worker processes;
 a run that raises (crash, non-finite loss, a bad object) is recorded in ``RUN_DIR/failed.json``
 and returned as a failure record (:func:`is_failed`), and the other runs complete.
+
+Console: every log line of a run starts with its name (``[plugin FastAP seed1] epoch 3/6 ...``);
+``spawn`` workers send their log records to the parent, which prints them through its own
+logging configuration, show no progress bars of their own (the parent shows one for all runs),
+and exit when the parent dies. A line that repeats across runs is printed once, with the count
+at the end (:func:`repeated_logs_once`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import copy
+import ctypes
 import json
 import logging
+import logging.handlers
 import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import torch
 import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..experiment import registry
 from ..experiment.methods import slug
@@ -28,6 +42,10 @@ from . import distributed, run_folder, runner
 
 LOGGER = logging.getLogger(__name__)
 FAILED_FILE = "failed.json"
+PARENT_POLL_S = 0.5  # a worker notices its parent's death within this long
+# One line per epoch per run by design: never folded by :func:`repeated_logs_once`.
+EPOCH_LOGGER = "pml_rank_plugins.running.training"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass
@@ -57,12 +75,161 @@ def make_jobs(configs: Mapping[str, dict], out_dir: Path, seeds: int) -> list[Jo
 _WORKER_SLOT: int | None = None
 
 
-def _worker_init(slots, num_threads: int, registered: dict) -> None:
+def _worker_init(
+    slots, num_threads: int, registered: dict, parent_pid: int, log_queue, levels: dict
+) -> None:
     global _WORKER_SLOT
+    _exit_with_parent(parent_pid)
+    _log_to_parent(log_queue, levels)
     _WORKER_SLOT = slots.get()
     torch.set_num_threads(num_threads)
     for name, obj in registered.items():
         registry.register(name, obj, override=True)
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Worker side: die with the parent. A parent killed with ``kill -9`` never shuts its pool
+    down, so the workers would train on, orphaned. Linux: ``PR_SET_PDEATHSIG`` (immediate; the
+    pool's processes are started by the thread that stays in :func:`execute` until they end);
+    everywhere: a thread that exits once the parent pid is no longer ours."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            LOGGER.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid,), name="pml-rank-parent-watch", daemon=True
+    ).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    # the parent may already be gone before prctl took effect; getppid() then differs
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
+def _log_to_parent(log_queue, levels: dict) -> None:
+    """Worker side: every log record goes to the parent (printed by its handlers), with the
+    parent's logger levels (``spawn`` workers start with no logging configuration)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(logging.handlers.QueueHandler(log_queue))
+    logging.captureWarnings(True)  # each worker would print a library's warning once itself
+    for name, level in levels.items():
+        logging.getLogger(name or None).setLevel(level)
+
+
+def _logger_levels() -> dict[str, int]:
+    """The root level (key ``""``) and every explicitly set logger level of this process."""
+    levels = {"": logging.getLogger().level}
+    for name, logger in logging.Logger.manager.loggerDict.items():
+        if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET:
+            levels[name] = logger.level
+    return levels
+
+
+class _ToParentLoggers(logging.Handler):
+    """Parent side of the workers' queue: a record is handled by its logger, as if logged here."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger(record.name).handle(record)
+
+
+@contextlib.contextmanager
+def run_label(label: str) -> Iterator[None]:
+    """Prefix every log record created inside the block with ``[label] `` (e.g. ``[plugin
+    FastAP seed1] epoch 3/6 ...``); the label is kept in ``record.run_label``.
+
+    Args:
+        label: the run's name, e.g. ``"plugin FastAP seed1"``.
+    """
+    previous = logging.getLogRecordFactory()
+
+    def labelled(*args, **kwargs) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        if not hasattr(record, "run_label"):
+            record.run_label = label
+            record.msg = f"[{label}] {record.msg}"
+        return record
+
+    logging.setLogRecordFactory(labelled)
+    try:
+        yield
+    finally:
+        logging.setLogRecordFactory(previous)
+
+
+class _RepeatFilter(logging.Filter):
+    """Lets the first record of each (level, logger, message without run label) through."""
+
+    def __init__(self, min_level: int):
+        super().__init__()
+        self.min_level = min_level
+        self.counts: dict[tuple[int, str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        decided = getattr(record, "_pml_rank_first", None)  # one verdict for all handlers
+        if decided is not None:
+            return decided
+        if record.levelno < self.min_level or (
+            record.name == EPOCH_LOGGER and record.levelno < logging.WARNING
+        ):
+            return True
+        message = record.getMessage()
+        label = getattr(record, "run_label", None)
+        if label and message.startswith(f"[{label}] "):
+            message = message[len(label) + 3 :]
+        key = (record.levelno, record.name, message)
+        with self._lock:
+            self.counts[key] = self.counts.get(key, 0) + 1
+            record._pml_rank_first = self.counts[key] == 1
+        return record._pml_rank_first
+
+
+@contextlib.contextmanager
+def repeated_logs_once(min_level: int = logging.INFO) -> Iterator[None]:
+    """Inside the block, a log line (at ``min_level`` or above) that repeats -- the same level,
+    logger and message, whichever run logged it -- is printed once; at the end of the block each
+    such line is logged again with ``(repeated N times, shown once)``. Per-epoch lines are never
+    folded. Applies to the root logger's handlers (and logging's last-resort handler).
+
+    Args:
+        min_level: the lowest level folded, e.g. ``logging.WARNING``.
+    """
+    fold = _RepeatFilter(min_level)
+    handlers = [*logging.getLogger().handlers, logging.lastResort]
+    for handler in handlers:
+        if handler is not None:
+            handler.addFilter(fold)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            if handler is not None:
+                handler.removeFilter(fold)
+        for (level, name, message), count in fold.counts.items():
+            if count > 1:
+                logging.getLogger(name).log(
+                    level, "%s (repeated %d times, shown once)", message, count
+                )
+
+
+@contextlib.contextmanager
+def _child_environment(**values: str) -> Iterator[None]:
+    """Environment variables for the processes started inside the block (tqdm reads
+    ``TQDM_DISABLE`` when a ``spawn`` worker imports it, before any code of ours runs there)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def job_device(config: dict, device: str | None, slot: int | None) -> str | None:
@@ -93,9 +260,12 @@ def run_job(job: Job, resume: bool, device: str | None = None, overwrite: bool =
     t0 = time.perf_counter()
     try:
         dev = job_device(job.config, device, _WORKER_SLOT)
-        metrics = runner.train(
-            job.config, run_dir, resume=resume, device=dev, overwrite=overwrite and not resume
-        )
+        with run_label(f"{job.name} {job.run_id}"), distributed.named_timeouts():
+            metrics = runner.train(
+                job.config, run_dir, resume=resume, device=dev, overwrite=overwrite and not resume
+            )
+    except distributed.RankTimeoutError:
+        raise  # under torchrun a silent rank stops every run on every rank, not just this one
     except Exception as e:  # noqa: BLE001 -- isolate any failure of one run (reported below)
         record = {
             "failed": True,
@@ -134,6 +304,14 @@ def execute(
     ``n_jobs > 1`` runs them in that many ``spawn`` worker processes (each with the parent's
     torch thread count and registered names, so results equal a sequential run); worker ``k``
     uses GPU ``k mod #GPUs`` when the device is ``cuda`` and several GPUs are visible.
+    Every run's log lines carry its label (``[name seed<i>] ...``, :func:`run_label`); workers'
+    lines are printed by this process, workers draw no progress bars and exit if this process
+    dies; lines repeated across runs are printed once with a count (:func:`repeated_logs_once`).
+
+    Raises:
+        ValueError: ``n_jobs < 1``, or ``n_jobs > 1`` under torchrun.
+        RunFolderError: used run folders without ``resume`` or ``overwrite``.
+        RankTimeoutError: under torchrun, a rank did not answer (every rank stops).
     """
     if n_jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {n_jobs}")
@@ -151,31 +329,57 @@ def execute(
     results: dict[str, dict[str, dict]] = {}
     for job in jobs:
         results.setdefault(job.name, {})[job.run_id] = {}
-    if n_jobs == 1 or len(jobs) <= 1:
-        for job in tqdm.tqdm(jobs, desc=desc, unit="run"):
-            results[job.name][job.run_id] = run_job(job, resume, device, overwrite)
-        return results
+    # only rank 0 draws the bar under torchrun; log lines are printed above it, not through it
+    bar = {"desc": desc, "unit": "run", "disable": not distributed.is_main_process()}
+    with logging_redirect_tqdm(), repeated_logs_once():
+        if n_jobs == 1 or len(jobs) <= 1:
+            for job in tqdm.tqdm(jobs, **bar):
+                results[job.name][job.run_id] = run_job(job, resume, device, overwrite)
+        else:
+            _run_in_workers(jobs, results, resume, device, n_jobs, overwrite, bar)
+    return results
+
+
+def _run_in_workers(jobs, results, resume, device, n_jobs: int, overwrite: bool, bar: dict):
     ctx = mp.get_context("spawn")
     slots = ctx.Queue()
     for k in range(n_jobs):
         slots.put(k)
-    init = (slots, torch.get_num_threads(), dict(registry._USER))
-    with cf.ProcessPoolExecutor(
-        n_jobs, mp_context=ctx, initializer=_worker_init, initargs=init
-    ) as ex:
-        futures = {ex.submit(run_job, job, resume, device, overwrite): job for job in jobs}
-        for fut in tqdm.tqdm(cf.as_completed(futures), total=len(jobs), desc=desc, unit="run"):
-            job = futures[fut]
-            try:
-                results[job.name][job.run_id] = fut.result()
-            except Exception as e:  # noqa: BLE001 -- a worker died (e.g. killed): record it
-                results[job.name][job.run_id] = {
-                    "failed": True,
-                    "name": job.name,
-                    "run_id": job.run_id,
-                    "error": f"worker process failed: {type(e).__name__}: {e}",
-                }
-    return results
+    log_queue = ctx.Queue()
+    listener = logging.handlers.QueueListener(log_queue, _ToParentLoggers())
+    init = (
+        slots,
+        torch.get_num_threads(),
+        dict(registry._USER),
+        os.getpid(),
+        log_queue,
+        _logger_levels(),
+    )
+    listener.start()
+    try:
+        with cf.ProcessPoolExecutor(
+            n_jobs, mp_context=ctx, initializer=_worker_init, initargs=init
+        ) as ex:
+            # the pool starts its workers on submit
+            with _child_environment(TQDM_DISABLE="1"):
+                futures = {ex.submit(run_job, job, resume, device, overwrite): job for job in jobs}
+            _collect(futures, results, bar)
+    finally:
+        listener.stop()
+
+
+def _collect(futures: dict, results: dict, bar: dict) -> None:
+    for fut in tqdm.tqdm(cf.as_completed(futures), total=len(futures), **bar):
+        job = futures[fut]
+        try:
+            results[job.name][job.run_id] = fut.result()
+        except Exception as e:  # noqa: BLE001 -- a worker died (e.g. killed): record it
+            results[job.name][job.run_id] = {
+                "failed": True,
+                "name": job.name,
+                "run_id": job.run_id,
+                "error": f"worker process failed: {type(e).__name__}: {e}",
+            }
 
 
 def is_failed(m: dict) -> bool:

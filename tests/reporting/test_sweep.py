@@ -12,6 +12,7 @@ from pml_rank_plugins.cli import main
 from pml_rank_plugins.experiment.schema import ConfigError, dump_yaml
 from pml_rank_plugins.reporting import sweep
 from pml_rank_plugins.running import runner
+from pml_rank_plugins.running.run_folder import RunFolderError
 from tests.reporting.test_compare import CrashingLoss  # noqa: F401 -- registers CrashingLoss
 from tests.tiny import tiny_config
 
@@ -118,3 +119,16 @@ def test_grid_mistakes_fail_fast(tmp_path, config_file, capsys):
     assert main(base + bad) == 2
     assert "nope" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_second_sweep_into_a_used_folder_is_refused_unless_overwrite(tmp_path, config_file):
+    out = tmp_path / "sw"
+    grid = ["loss_funcs.metric_loss.neg_margin=0.5"]
+    first = sweep.run_sweep(config_file, "Contrastive", grid, out, overrides=FAST[1::2])
+    with pytest.raises(RunFolderError, match="1 run folder.*--overwrite"):
+        sweep.run_sweep(config_file, "Contrastive", grid, out, overrides=FAST[1::2])
+    again = sweep.run_sweep(
+        config_file, "Contrastive", grid, out, overrides=FAST[1::2], overwrite=True
+    )
+    assert again["rows"].keys() == first["rows"].keys() and not again["failed"]
+    assert (out / "neg_margin_0.5" / "seed0" / "metrics.json").is_file()
