@@ -166,6 +166,8 @@ def recall_figure(results: dict) -> "Figure":
     ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(all_ks)))
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    if ax.get_ylim()[1] > 100.5:  # a CI may run past 100%; Recall cannot
+        ax.set_ylim(top=100.5)
     style.label_axes(ax, "Test Recall@K (mean over runs, 95% CI)", "K", "test Recall@K (%)")
     if plotted:
         _legend(ax, plotted)

@@ -166,6 +166,8 @@ def save_figure(fig: "Figure", png: Path) -> list[Path]:
     pdf = png.with_suffix(VECTOR_SUFFIX)
     with matplotlib.rc_context(FONT_RC):
         fig.savefig(png, dpi=DPI)
+        # The layout is solved in figure fractions: keep the PNG's instead of solving it again.
+        fig.set_layout_engine("none")
         fig.savefig(pdf)
     return [png, pdf]
 
