@@ -88,7 +88,10 @@ def validation_figure(results: dict, summary: dict | None = None) -> "Figure":
             continue
         ep = sorted(series)
         mean_half = np.array([_band(series[e]) for e in ep]) * 100
-        lo, hi = mean_half[:, 0] - mean_half[:, 1], mean_half[:, 0] + mean_half[:, 1]
+        # Clipped to the metric's range: with 2 seeds (t = 12.7) a band can span -50..150%
+        # and squash every curve into a flat line.
+        lo = np.clip(mean_half[:, 0] - mean_half[:, 1], 0.0, 100.0)
+        hi = np.clip(mean_half[:, 0] + mean_half[:, 1], 0.0, 100.0)
         ax.plot(ep, mean_half[:, 0], label=method, linewidth=1.8, markersize=6, **styles[method])
         ax.fill_between(ep, lo, hi, color=styles[method]["color"], alpha=0.10, linewidth=0)
         plotted.append(method)
@@ -151,10 +154,13 @@ def recall_figure(results: dict) -> "Figure":
         )
         # Small horizontal offsets so that overlapping error bars stay readable.
         xs = np.array(ks, dtype=float) * 2 ** (0.06 * (j - (n_methods - 1) / 2))
+        mean, half = 100 * mh[:, 0], 100 * mh[:, 1]
+        # Bars clipped to 0..100% (a recall cannot leave it; 2 seeds give t = 12.7).
+        yerr = np.stack([np.minimum(half, mean), np.minimum(half, 100.0 - mean)])
         ax.errorbar(
             xs,
-            100 * mh[:, 0],
-            yerr=100 * mh[:, 1],
+            mean,
+            yerr=yerr,
             capsize=3,
             linewidth=1.5,
             markersize=6,
@@ -166,8 +172,6 @@ def recall_figure(results: dict) -> "Figure":
     ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(all_ks)))
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    if ax.get_ylim()[1] > 100.5:  # a CI may run past 100%; Recall cannot
-        ax.set_ylim(top=100.5)
     style.label_axes(ax, "Test Recall@K (mean over runs, 95% CI)", "K", "test Recall@K (%)")
     if plotted:
         _legend(ax, plotted)
