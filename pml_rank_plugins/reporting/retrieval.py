@@ -3,10 +3,14 @@
 ``retrieval.png``: ``num_queries`` test queries drawn with ``numpy.random.default_rng(seed)`` from
 the queries that have at least one same-class reference. The draw depends only on the test
 split's labels and the seed, never on the model, so every method of a comparison shows the
-**same** queries. Each row is the query (framed blue, with its AP) followed by its ``k`` nearest
-references, framed green when of the query's class and red otherwise.
+**same** queries. Each row is the query (black frame, with its AP) followed by its ``k`` nearest
+references: rank and a check mark in a solid blue frame when of the query's class, a cross mark in
+a dashed vermillion frame otherwise (colour-blind-safe Okabe-Ito colours, never colour alone);
+every tile has its class label underneath.
 ``worst_queries.png``: the same layout for the ``num_queries`` queries of lowest AP.
-``retrieval.json``: query positions, retrieved positions, correctness and AP behind both figures.
+Each figure also as PDF (``retrieval.pdf``, ``worst_queries.pdf``) for papers.
+``retrieval.json``: query positions, retrieved positions and labels, correctness and AP behind
+both figures.
 
 Neighbours are ranked by cosine similarity of the embeddings the configured PML tester computes
 (``tester.get_all_embeddings``), the query itself excluded when it is in the reference set. AP of a
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -28,8 +32,21 @@ from ..experiment import builder
 from ..experiment.schema import load_yaml
 from ..functional.average_precision import ranked_average_precision
 from ..running.checkpoints import choose_checkpoint, load_models
+from . import style
 
-FRAME = {"query": "#1f5fbf", "correct": "#1a9e1a", "wrong": "#d62020"}
+if TYPE_CHECKING:  # type hints only; matplotlib is imported lazily
+    from matplotlib.figure import Figure
+
+# Frame colour (Okabe-Ito) and line style per tile kind: colour is never the only cue -- the
+# frame's style and a check/cross mark (DejaVu Sans has both glyphs) tell the same.
+FRAME = {
+    "query": (style.OKABE_ITO["black"], "solid"),
+    "correct": (style.OKABE_ITO["blue"], "solid"),
+    "wrong": (style.OKABE_ITO["vermillion"], "dashed"),
+}
+CHECK, CROSS = "\u2713", "\u2717"
+TILE_INCHES = 1.45
+TILE_FONT_PT = 11
 
 
 def choose_queries(labels: Sequence[int], eligible: np.ndarray, num: int, seed: int) -> np.ndarray:
@@ -104,6 +121,7 @@ def compute_retrieval(
             "label": int(q_lab[i]),
             "ap": float(ap[i]),
             "retrieved": order[i, :k].tolist(),
+            "retrieved_labels": r_lab[order[i, :k]].tolist(),
             "correct": relevant[i, :k].tolist(),
         }
 
@@ -130,43 +148,77 @@ def _image(dataset, pos: int) -> np.ndarray:
     return (img - lo) / (hi - lo) if hi > lo else np.zeros_like(img)
 
 
-def draw_grid(rows: list[dict], query_set, ref_sets, title: str, path: Path) -> Path:
-    """One row per query: the query (blue frame, AP) and its top-k (green correct, red wrong)."""
-    import matplotlib
+def grid_figure(rows: list[dict], query_set, ref_sets, title: str) -> "Figure":
+    """One row per query: the query (black frame, AP) and its top-k, each tile with its rank, a
+    check or cross mark (blue solid frame: same class; vermillion dashed frame: other class) and
+    its class label underneath.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Args:
+        rows: entries of :func:`compute_retrieval` (``query``, ``label``, ``ap``, ``retrieved``,
+            ``retrieved_labels``, ``correct``).
+        query_set: the dataset ``query`` positions index.
+        ref_sets: the reference datasets, concatenated in this order for ``retrieved``.
+        title: the figure title (may hold a newline).
+
+    Returns:
+        The figure: ``len(rows)`` x ``k + 1`` image axes and a legend of the frame cues.
+    """
+    from matplotlib.patches import Patch
 
     ref_index = []
     for ds in ref_sets:
         ref_index += [(ds, i) for i in range(len(ds))]
     k = max(len(r["retrieved"]) for r in rows)
-    fig, axes = plt.subplots(
-        len(rows), k + 1, figsize=(1.25 * (k + 1), 1.3 * len(rows) + 0.5), squeeze=False
-    )
+    fig = style.new_figure(TILE_INCHES * (k + 1), (TILE_INCHES + 0.75) * len(rows) + 1.3)
+    axes = fig.subplots(len(rows), k + 1, squeeze=False)
     for r, row in enumerate(rows):
-        cells = [(query_set, row["query"], FRAME["query"], f"query, AP {row['ap']:.2f}")]
-        for j, (pos, ok) in enumerate(zip(row["retrieved"], row["correct"])):
+        cells = [(query_set, row["query"], "query", f"query\nAP {row['ap']:.2f}", row["label"])]
+        for j, (pos, ok, lab) in enumerate(
+            zip(row["retrieved"], row["correct"], row["retrieved_labels"])
+        ):
             ds, i = ref_index[pos]
-            cells.append((ds, i, FRAME["correct" if ok else "wrong"], f"#{j + 1}"))
+            mark = CHECK if ok else CROSS
+            cells.append((ds, i, "correct" if ok else "wrong", f"#{j + 1} {mark}", lab))
         for c, ax in enumerate(axes[r]):
             ax.set_xticks([])
             ax.set_yticks([])
             if c >= len(cells):
                 ax.axis("off")
                 continue
-            ds, i, color, label = cells[c]
+            ds, i, kind, top, lab = cells[c]
+            color, linestyle = FRAME[kind]
             img = _image(ds, i)
             ax.imshow(img, cmap="gray" if img.ndim == 2 else None, vmin=0, vmax=1)
             for spine in ax.spines.values():
                 spine.set_edgecolor(color)
-                spine.set_linewidth(4 if c else 3)
-            ax.set_title(label, fontsize=7, color=color if c == 0 else "black", pad=2)
-    fig.suptitle(title + "\nframes: blue query, green same class, red other class", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+                spine.set_linestyle(linestyle)
+                spine.set_linewidth(4)
+            ax.set_title(top, fontsize=TILE_FONT_PT, color=color, fontweight="bold", pad=3)
+            ax.set_xlabel(f"class {lab}", fontsize=TILE_FONT_PT, labelpad=3)
+    handles = [
+        Patch(facecolor="none", edgecolor=FRAME[kind][0], linestyle=FRAME[kind][1], linewidth=3)
+        for kind in ("query", "correct", "wrong")
+    ]
+    labels = ["query (AP over its full ranking)", f"{CHECK} same class", f"{CROSS} other class"]
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=style.MIN_FONT_PT + 1)
+    fig.suptitle(title, fontsize=style.FONT_RC["figure.titlesize"])
+    return fig
+
+
+def draw_grid(rows: list[dict], query_set, ref_sets, title: str, path: Path) -> list[Path]:
+    """Save :func:`grid_figure` as ``path`` (PNG) and its PDF copy.
+
+    Args:
+        rows: see :func:`grid_figure`.
+        query_set: see :func:`grid_figure`.
+        ref_sets: see :func:`grid_figure`.
+        title: see :func:`grid_figure`.
+        path: the PNG path.
+
+    Returns:
+        ``[png, pdf]``.
+    """
+    return style.save_figure(grid_figure(rows, query_set, ref_sets, title), path)
 
 
 def write_retrieval_pictures(
@@ -177,30 +229,41 @@ def write_retrieval_pictures(
     k: int = 5,
     seed: int = 0,
 ) -> list[Path]:
-    """``retrieval.png``, ``worst_queries.png`` and ``retrieval.json`` for ``run_dir``'s best
-    checkpoint, written to ``out_dir`` (default ``run_dir``). Returns the three paths."""
+    """``retrieval.png``, ``worst_queries.png`` (each with a PDF copy) and ``retrieval.json`` for
+    ``run_dir``'s best checkpoint.
+
+    Args:
+        run_dir: a finished run folder (``config.yaml``, ``checkpoints/``).
+        out_dir: where to write (default ``run_dir``).
+        device: the device to embed on (default: the config's).
+        num_queries: queries per figure.
+        k: retrieved references shown per query.
+        seed: the query draw's seed.
+
+    Returns:
+        ``[retrieval.png, retrieval.pdf, worst_queries.png, worst_queries.pdf, retrieval.json]``.
+    """
     run_dir = Path(run_dir)
     out_dir = Path(out_dir or run_dir)
     res = compute_retrieval(run_dir, device, num_queries, k, seed)
     query_set, ref_sets = res.pop("_datasets")
     name = load_yaml(run_dir / "config.yaml").get("name", run_dir.name)
     where = f"{res['split']} split, {res['checkpoint']} of {run_dir.name}"
-    paths = [
-        draw_grid(
-            res["queries"],
-            query_set,
-            ref_sets,
-            f"{name}: top-{k} for {len(res['queries'])} random queries (seed {seed}; {where})",
-            out_dir / "retrieval.png",
-        ),
-        draw_grid(
-            res["worst"],
-            query_set,
-            ref_sets,
-            f"{name}: the {len(res['worst'])} queries of lowest AP ({where})",
-            out_dir / "worst_queries.png",
-        ),
-    ]
+    n_q, n_w = len(res["queries"]), len(res["worst"])
+    paths = draw_grid(
+        res["queries"],
+        query_set,
+        ref_sets,
+        f"{name}: top-{k} of {n_q} random queries\n(seed {seed}; {where})",
+        out_dir / "retrieval.png",
+    )
+    paths += draw_grid(
+        res["worst"],
+        query_set,
+        ref_sets,
+        f"{name}: top-{k} of the {n_w} queries of lowest AP\n({where})",
+        out_dir / "worst_queries.png",
+    )
     res["run_dir"] = str(run_dir)
     paths.append(out_dir / "retrieval.json")
     paths[-1].write_text(json.dumps(res, indent=2))

@@ -2,7 +2,8 @@
 
 Each row: per metric the mean +- 95% CI half-width over the runs (Student t), the number of runs
 (failed ones counted), the wall time, and against the reference method the paired difference
-with its 95% CI and p-values (:mod:`.statistics`).
+with its 95% CI and p-values (:mod:`.statistics`). A line under the table says that the wall
+time depends on ``--jobs`` and the machine's load.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ def markdown_table(summary: dict, label: str = "method") -> str:
         "Test metrics in %, at the best validation epoch: mean ± half-width of the 95% confidence"
         f" interval (Student t) over n runs{f' (seeds, up to {seeds})' if seeds else ''}.\n"
     )
+    # Fixed wording (not the run's --jobs): the table must come out the same when it is
+    # recomputed from the run folders alone (summarize_dir), which do not record --jobs.
+    text += "\n" + TIME_NOTE
     ref = summary.get("reference")
     diffs = summary.get("differences") or {}
     if ref is not None and diffs:
@@ -111,6 +115,12 @@ def markdown_table(summary: dict, label: str = "method") -> str:
                 f"- {f.get(label, f.get('method'))} / {f['run_id']}: {_short(f['error'], 300)}\n"
             )
     return text
+
+
+TIME_NOTE = (
+    "Time/run: mean wall seconds per run; it depends on `--jobs` (parallel runs share the cores)"
+    " and on the machine's load, so compare times only within one table.\n"
+)
 
 
 def verdict(d: dict | None) -> str:
