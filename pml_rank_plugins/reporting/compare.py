@@ -10,7 +10,7 @@ against a reference method with its 95% CI, paired t-test and (n >= 6) Wilcoxon 
 Markdown), ``summary.json`` (every number, metrics as fractions), ``val_map_at_r.png`` (validation
 primary metric vs epoch, 95% band), ``recall_at_k.png`` (test Recall@K, 95% error bars),
 ``differences.png`` (paired differences vs the reference) and per method ``retrieval.png`` /
-``worst_queries.png`` (:mod:`.retrieval`).
+``worst_queries.png`` (:mod:`.retrieval`); every figure also as ``.pdf``.
 
 Fault isolation: a run that raises (crash, non-finite loss, a bad object) is recorded in
 ``RUN_DIR/failed.json`` and in the table; the other runs complete. Config errors are found

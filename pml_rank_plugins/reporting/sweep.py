@@ -27,6 +27,7 @@ from ..experiment.methods import check_methods, collect_methods, slug
 from ..experiment.schema import ConfigError
 from ..running import distributed
 from ..running.pool import execute, make_jobs
+from . import style
 from .compare import write_pictures
 from .summary import primary_metric, summarize, write_outputs
 from .tables import metric_label
@@ -171,17 +172,13 @@ def _numeric(values: Sequence[str]) -> list[float] | None:
 
 
 def write_sweep_plots(summary: dict, out_dir: Path) -> list[Path]:
-    """``sweep_<key>.png`` per grid key: the primary test metric (mean, 95% band) vs the key's
-    values (numeric axis when all values are numbers), one line per setting of the other keys."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """``sweep_<key>.png`` (and ``.pdf``) per grid key: the primary test metric (mean, 95% band,
+    clipped to 0-100%) vs the key's values (numeric axis when all values are numbers), one line
+    per setting of the other keys, in the comparison figures' palette (:mod:`.style`)."""
     grid, cells, rows = summary["grid"], summary["cells"], summary["rows"]
     primary = summary["primary_metric"]
-    label = metric_label(primary)
-    paths = []
+    label_metric = metric_label(primary)
+    paths: list[Path] = []
     for key, values in grid.items():
         xs = _numeric(values)
         x_of = dict(zip(values, xs if xs else range(len(values))))
@@ -193,15 +190,29 @@ def write_sweep_plots(summary: dict, out_dir: Path) -> list[Path]:
                 groups.setdefault(tuple(assign[k] for k in others), []).append(
                     (x_of[assign[key]], st)
                 )
-        fig, ax = plt.subplots(figsize=(6, 4))
+        labels = {
+            other: ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(others, other))
+            or summary["method"]
+            for other in groups
+        }
+        styles = style.method_styles(labels.values())
+        fig = style.new_figure(8, 4.5)
+        ax = fig.add_subplot()
         for other, pts in groups.items():
             pts.sort(key=lambda p: p[0])
             x = np.array([p[0] for p in pts])
             m = np.array([100 * p[1]["mean"] for p in pts])
             h = np.array([100 * (p[1]["ci_half_width"] or 0.0) for p in pts])
-            name = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(others, other)) or None
-            (line,) = ax.plot(x, m, marker="o", label=name)
-            ax.fill_between(x, m - h, m + h, color=line.get_color(), alpha=0.2)
+            lab = labels[other]
+            ax.plot(x, m, label=lab, linewidth=1.8, markersize=6, **styles[lab])
+            ax.fill_between(
+                x,
+                np.clip(m - h, 0, 100),
+                np.clip(m + h, 0, 100),
+                color=styles[lab]["color"],
+                alpha=0.12,
+                linewidth=0,
+            )
         if not xs:
             ax.set_xticks(range(len(values)))
             ax.set_xticklabels(values)
@@ -209,15 +220,12 @@ def write_sweep_plots(summary: dict, out_dir: Path) -> list[Path]:
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs)
             ax.set_xticklabels(values)
-        ax.set_xlabel(key)
-        ax.set_ylabel(f"test {label} (%), mean, 95% CI")
-        ax.set_title(f"{summary['method']}: {label} vs {key.split('.')[-1]}", fontsize=9)
-        ax.grid(alpha=0.3)
-        if others:
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out_dir / f"sweep_{slug(key)}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        style.label_axes(
+            ax,
+            f"{summary['method']}: test {label_metric} vs {key.split('.')[-1]} (mean, 95% band)",
+            key,
+            f"test {label_metric} (%)",
+        )
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0, fontsize=10)
+        paths += style.save_figure(fig, out_dir / f"sweep_{slug(key)}.png")
     return paths
