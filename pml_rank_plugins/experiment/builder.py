@@ -49,7 +49,7 @@ def build_sampler(config: dict, train_set, batch_size: int, seed: int):
     if not spec:
         return None
     name, _ = spec_name_and_kwargs(spec, "sampler")
-    cls = registry.resolve(name)
+    cls = registry.resolve(name, "sampler")
     labels = np.asarray(train_set.labels)
     if getattr(cls, "__module__", "").startswith("pytorch_metric_learning"):
         labels = labels[:, 0]  # PML samplers take 1-D class labels
@@ -100,7 +100,7 @@ def build_optimizers(config: dict, models: dict, losses: dict) -> dict:
             LOGGER.info("optimizers.%s: %s has no parameters; skipped", key, owner)
             continue
         name, kwargs = spec_name_and_kwargs(spec, f"optimizers.{key}")
-        cls = registry.resolve(name)
+        cls = registry.resolve(name, f"optimizers.{key}")
         kwargs = instantiate(kwargs, f"optimizers.{key}.{name}")
         registry.check_keywords(cls, {"params": None, **kwargs}, f"optimizers.{key}")
         out[key] = call_named(f"optimizers.{key}", name, cls, params, **kwargs)
@@ -120,7 +120,7 @@ def build_lr_schedulers(config: dict, optimizers: dict) -> dict:
             LOGGER.info("lr_schedulers.%s: no optimizer %s; skipped", key, opt_key)
             continue
         name, kwargs = spec_name_and_kwargs(spec, f"lr_schedulers.{key}")
-        cls = registry.resolve(name)
+        cls = registry.resolve(name, f"lr_schedulers.{key}")
         kwargs = instantiate(kwargs, f"lr_schedulers.{key}.{name}")
         out[key] = call_named(f"lr_schedulers.{key}", name, cls, optimizers[opt_key], **kwargs)
     return out
@@ -172,7 +172,7 @@ def build_tester(config: dict, device: torch.device, end_of_testing_hook=None):
     ev = eval_settings(config)
     tester_spec = ev.get("tester") or {"GlobalEmbeddingSpaceTester": {}}
     name, kwargs = spec_name_and_kwargs(tester_spec, "eval.tester")
-    cls = registry.resolve(name)
+    cls = registry.resolve(name, "eval.tester")
     kwargs = instantiate(kwargs, f"eval.tester.{name}")
     registry.check_keywords(cls, kwargs, "eval.tester")
     calc = kwargs.pop("accuracy_calculator", None) or make_accuracy_calculator(
@@ -221,7 +221,7 @@ def build_experiment(config: dict, device: torch.device | str | None = None) -> 
     if "train" not in datasets:
         raise ConfigError(f"split: one split must be named 'train' (have {sorted(datasets)})")
     tname, tkwargs = spec_name_and_kwargs(config["trainer"], "trainer")
-    trainer_cls = registry.resolve(tname)
+    trainer_cls = registry.resolve(tname, "trainer")
     tkwargs = instantiate(dict(tkwargs), f"trainer.{tname}")
     num_epochs = int(tkwargs.pop("num_epochs", 1))
     if num_epochs < 1:

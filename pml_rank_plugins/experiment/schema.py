@@ -315,12 +315,12 @@ def validate(config: dict) -> dict:
         if spec is None:
             continue
         name, kwargs = spec_name_and_kwargs(spec, where)
-        obj = registry.resolve(name)
+        obj = registry.resolve(name, where)
         own = {k: v for k, v in kwargs.items() if k not in RUNNER_KWARGS.get(where, ())}
         registry.check_keywords(obj, own, where)
         _check_plugin_twin(where, name, obj, kwargs)
         for w, n, kw in _walk_specs(kwargs, f"{where}.{name}"):
-            inner = registry.resolve(n)
+            inner = registry.resolve(n, w)
             registry.check_keywords(inner, kw, w)
             _check_plugin_twin(w, n, inner, kw)
     return config
@@ -333,7 +333,7 @@ def _check_plugin_twin(where: str, name: str, obj: Any, kwargs: dict) -> None:
     if twin is None:
         return
     for w, n, _ in _walk_specs(kwargs, f"{where}.{name}"):
-        if registry.is_plugin_object(registry.resolve(n)):
+        if registry.is_plugin_object(registry.resolve(n, w)):
             raise ConfigError(
                 f"{where}: the bare name {name!r} is PML's class, which does not accept the "
                 f"plugin's {n} ({w}); write {twin} instead"
