@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..trainers import distributed as scaled
-from . import registry
+from . import registry, values
 from .accuracy import DEFAULT_METRICS, make_accuracy_calculator, make_tester
 from .data_root import resolve_weights
 from .datasets import build_splits
@@ -175,6 +175,7 @@ def build_tester(config: dict, device: torch.device, end_of_testing_hook=None):
     cls = registry.resolve(name, "eval.tester")
     kwargs = instantiate(kwargs, f"eval.tester.{name}")
     registry.check_keywords(cls, kwargs, "eval.tester")
+    values.check_tester(name, kwargs)
     calc = kwargs.pop("accuracy_calculator", None) or make_accuracy_calculator(
         metrics=ev["metrics"], recall_at_k=ev["recall_at_k"], k=ev["k"], device=device
     )
@@ -214,26 +215,26 @@ class Experiment:
 
 def build_experiment(config: dict, device: torch.device | str | None = None) -> Experiment:
     """Seed, then build data, models, losses, miners, optimizers, schedulers and the sampler."""
-    device = torch.device(device or config.get("device") or "cpu")
-    seed = int(config.get("seed", 0))
+    if isinstance(device, str):
+        values.check_device(device, "--device")
+    device = torch.device(device or values.check_device(config.get("device")) or "cpu")
+    seed = values.seed_of(config)
     seed_everything(seed)
     datasets = build_splits(config, seed)
     if "train" not in datasets:
         raise ConfigError(f"split: one split must be named 'train' (have {sorted(datasets)})")
+    values.check_eval_splits(config, datasets)
     tname, tkwargs = spec_name_and_kwargs(config["trainer"], "trainer")
     trainer_cls = registry.resolve(tname, "trainer")
     tkwargs = instantiate(dict(tkwargs), f"trainer.{tname}")
+    values.check_trainer(tname, tkwargs)
     num_epochs = int(tkwargs.pop("num_epochs", 1))
-    if num_epochs < 1:
-        raise ConfigError(f"trainer: num_epochs must be >= 1, got {num_epochs}")
     amp = tkwargs.pop("amp", None)
     try:
         scaled.parse_amp(amp)
     except ValueError as e:
         raise ConfigError(f"trainer.{tname}.{e}") from None
     registry.check_keywords(trainer_cls, tkwargs, "trainer")
-    if "batch_size" not in tkwargs:
-        raise ConfigError("trainer: batch_size is required")
     if "collate_fn" in _named_params(trainer_cls):  # unequal image sizes: name the transform key
         tkwargs.setdefault("collate_fn", collate_for(datasets["train"], "train split"))
     seed_everything(seed)  # model init must not depend on how much randomness the data used
@@ -264,6 +265,8 @@ def make_trainer(exp: Experiment, end_of_iteration_hook=None, end_of_epoch_hook=
     """The configured PML trainer; single-process data loading by default (reproducible)."""
     kwargs = dict(exp.trainer_kwargs)
     kwargs.setdefault("dataloader_num_workers", 0)
+    # PML's own keywords that PML does not validate (a negative worker count fails in torch)
+    values.check_trainer(spec_name_and_kwargs(exp.config["trainer"], "trainer")[0], kwargs)
     kwargs.setdefault("data_device", exp.device)
     if "label_hierarchy_level" in _named_params(exp.trainer_cls):
         kwargs.setdefault("label_hierarchy_level", 0)
