@@ -27,7 +27,7 @@ from .accuracy import DEFAULT_METRICS, make_accuracy_calculator, make_tester
 from .data_root import resolve_weights
 from .datasets import build_splits
 from .instantiate import _named_params, build_object, call_named, instantiate
-from .schema import ConfigError, spec_name_and_kwargs
+from .schema import ConfigError, spec_name_and_kwargs, validate
 from .transforms import collate_for
 
 LOGGER = logging.getLogger(__name__)
@@ -214,7 +214,10 @@ class Experiment:
 
 
 def build_experiment(config: dict, device: torch.device | str | None = None) -> Experiment:
-    """Seed, then build data, models, losses, miners, optimizers, schedulers and the sampler."""
+    """Validate, seed, then build data, models, losses, miners, optimizers, schedulers and the
+    sampler. Validating here too means every path that builds a run (train, resume, eval of a
+    saved or edited ``config.yaml``, check) refuses the same configs, naming the key."""
+    validate(config)
     if isinstance(device, str):
         values.check_device(device, "--device")
     device = torch.device(device or values.check_device(config.get("device")) or "cpu")
