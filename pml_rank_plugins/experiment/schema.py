@@ -18,7 +18,6 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-
 from . import registry, values
 from .errors import ConfigError
 from .yamlfile import (  # noqa: F401 -- re-exported (schema is where callers import them from)

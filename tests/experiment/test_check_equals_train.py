@@ -14,6 +14,7 @@ import yaml
 
 from pml_rank_plugins import cli
 from pml_rank_plugins.experiment import builder
+from pml_rank_plugins.experiment.revisited import revisited_entries
 from pml_rank_plugins.experiment.schema import ConfigError, apply_set
 from pml_rank_plugins.running import train
 from tests.tiny import tiny_config
@@ -153,3 +154,18 @@ def test_C1_C2_what_check_refuses_train_refuses_before_training(tmp_path, key, v
     with pytest.raises(ConfigError, match=key.split("[")[0].replace(".", r"\.")):
         train(cfg, tmp_path / "run")
     assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(
+    "entry, shown",
+    [
+        ({"ks": [1.5]}, "eval.revisited[0].ks[0] must be an integer"),
+        ({"ks": 5}, "eval.revisited[0].ks: expected a non-empty list"),
+        ({"batch_size": 0}, "eval.revisited[0].batch_size must be an integer"),
+    ],
+)
+def test_C1_revisited_ks_and_batch_size(entry, shown):
+    cfg = {"eval": {"revisited": [{"dataset": {"RevisitedOxfordParis": {}}, **entry}]}}
+    with pytest.raises(ConfigError) as info:
+        revisited_entries(cfg)
+    assert shown in str(info.value)
