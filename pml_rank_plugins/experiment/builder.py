@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from ..trainers import distributed as scaled
-from . import registry
+from . import registry, values
 from .accuracy import DEFAULT_METRICS, make_accuracy_calculator, make_tester
 from .data_root import resolve_weights
 from .datasets import build_splits
 from .instantiate import _named_params, build_object, call_named, instantiate
-from .schema import ConfigError, spec_name_and_kwargs
+from .schema import ConfigError, spec_name_and_kwargs, validate
 from .transforms import collate_for
 
 LOGGER = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def build_sampler(config: dict, train_set, batch_size: int, seed: int):
     if not spec:
         return None
     name, _ = spec_name_and_kwargs(spec, "sampler")
-    cls = registry.resolve(name)
+    cls = registry.resolve(name, "sampler")
     labels = np.asarray(train_set.labels)
     if getattr(cls, "__module__", "").startswith("pytorch_metric_learning"):
         labels = labels[:, 0]  # PML samplers take 1-D class labels
@@ -100,7 +100,7 @@ def build_optimizers(config: dict, models: dict, losses: dict) -> dict:
             LOGGER.info("optimizers.%s: %s has no parameters; skipped", key, owner)
             continue
         name, kwargs = spec_name_and_kwargs(spec, f"optimizers.{key}")
-        cls = registry.resolve(name)
+        cls = registry.resolve(name, f"optimizers.{key}")
         kwargs = instantiate(kwargs, f"optimizers.{key}.{name}")
         registry.check_keywords(cls, {"params": None, **kwargs}, f"optimizers.{key}")
         out[key] = call_named(f"optimizers.{key}", name, cls, params, **kwargs)
@@ -120,7 +120,7 @@ def build_lr_schedulers(config: dict, optimizers: dict) -> dict:
             LOGGER.info("lr_schedulers.%s: no optimizer %s; skipped", key, opt_key)
             continue
         name, kwargs = spec_name_and_kwargs(spec, f"lr_schedulers.{key}")
-        cls = registry.resolve(name)
+        cls = registry.resolve(name, f"lr_schedulers.{key}")
         kwargs = instantiate(kwargs, f"lr_schedulers.{key}.{name}")
         out[key] = call_named(f"lr_schedulers.{key}", name, cls, optimizers[opt_key], **kwargs)
     return out
@@ -172,9 +172,10 @@ def build_tester(config: dict, device: torch.device, end_of_testing_hook=None):
     ev = eval_settings(config)
     tester_spec = ev.get("tester") or {"GlobalEmbeddingSpaceTester": {}}
     name, kwargs = spec_name_and_kwargs(tester_spec, "eval.tester")
-    cls = registry.resolve(name)
+    cls = registry.resolve(name, "eval.tester")
     kwargs = instantiate(kwargs, f"eval.tester.{name}")
     registry.check_keywords(cls, kwargs, "eval.tester")
+    values.check_tester(name, kwargs)
     calc = kwargs.pop("accuracy_calculator", None) or make_accuracy_calculator(
         metrics=ev["metrics"], recall_at_k=ev["recall_at_k"], k=ev["k"], device=device
     )
@@ -213,27 +214,30 @@ class Experiment:
 
 
 def build_experiment(config: dict, device: torch.device | str | None = None) -> Experiment:
-    """Seed, then build data, models, losses, miners, optimizers, schedulers and the sampler."""
-    device = torch.device(device or config.get("device") or "cpu")
-    seed = int(config.get("seed", 0))
+    """Validate, seed, then build data, models, losses, miners, optimizers, schedulers and the
+    sampler. Validating here too means every path that builds a run (train, resume, eval of a
+    saved or edited ``config.yaml``, check) refuses the same configs, naming the key."""
+    validate(config)
+    if isinstance(device, str):
+        values.check_device(device, "--device")
+    device = torch.device(device or values.check_device(config.get("device")) or "cpu")
+    seed = values.seed_of(config)
     seed_everything(seed)
     datasets = build_splits(config, seed)
     if "train" not in datasets:
         raise ConfigError(f"split: one split must be named 'train' (have {sorted(datasets)})")
+    values.check_eval_splits(config, datasets)
     tname, tkwargs = spec_name_and_kwargs(config["trainer"], "trainer")
-    trainer_cls = registry.resolve(tname)
+    trainer_cls = registry.resolve(tname, "trainer")
     tkwargs = instantiate(dict(tkwargs), f"trainer.{tname}")
+    values.check_trainer(tname, tkwargs)
     num_epochs = int(tkwargs.pop("num_epochs", 1))
-    if num_epochs < 1:
-        raise ConfigError(f"trainer: num_epochs must be >= 1, got {num_epochs}")
     amp = tkwargs.pop("amp", None)
     try:
         scaled.parse_amp(amp)
     except ValueError as e:
         raise ConfigError(f"trainer.{tname}.{e}") from None
     registry.check_keywords(trainer_cls, tkwargs, "trainer")
-    if "batch_size" not in tkwargs:
-        raise ConfigError("trainer: batch_size is required")
     if "collate_fn" in _named_params(trainer_cls):  # unequal image sizes: name the transform key
         tkwargs.setdefault("collate_fn", collate_for(datasets["train"], "train split"))
     seed_everything(seed)  # model init must not depend on how much randomness the data used
@@ -264,6 +268,8 @@ def make_trainer(exp: Experiment, end_of_iteration_hook=None, end_of_epoch_hook=
     """The configured PML trainer; single-process data loading by default (reproducible)."""
     kwargs = dict(exp.trainer_kwargs)
     kwargs.setdefault("dataloader_num_workers", 0)
+    # PML's own keywords that PML does not validate (a negative worker count fails in torch)
+    values.check_trainer(spec_name_and_kwargs(exp.config["trainer"], "trainer")[0], kwargs)
     kwargs.setdefault("data_device", exp.device)
     if "label_hierarchy_level" in _named_params(exp.trainer_cls):
         kwargs.setdefault("label_hierarchy_level", 0)

@@ -64,7 +64,7 @@ def build_splits(config: dict, seed: int) -> dict[str, torch.utils.data.Dataset]
     if not split:
         return {"train": train_dataset}
     fn_name, fn_kwargs = spec_name_and_kwargs(split, "split")
-    fn = registry.resolve(fn_name)
+    fn = registry.resolve(fn_name, "split")
     parts = call_named(
         "split", fn_name, fn, np.asarray(dataset.labels), **instantiate(fn_kwargs, "split")
     )

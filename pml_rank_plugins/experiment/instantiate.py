@@ -32,7 +32,7 @@ def instantiate(value: Any, where: str = "config", **injected) -> Any:
 def build_object(spec: Any, where: str, **injected) -> Any:
     """Instantiate one ``{Name: kwargs}`` spec (a bare ``"Name"`` means no kwargs)."""
     name, kwargs = spec_name_and_kwargs(spec, where)
-    obj = registry.resolve(name)
+    obj = registry.resolve(name, where)
     kwargs = {k: instantiate(v, f"{where}.{name}.{k}") for k, v in kwargs.items()}
     registry.check_keywords(obj, kwargs, where)
     accepted = registry.accepted_keywords(obj)

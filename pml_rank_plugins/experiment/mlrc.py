@@ -47,7 +47,7 @@ def _split_function(config: dict):
     if not split:
         return None, None, {}
     name, kwargs = spec_name_and_kwargs(split, "split")
-    return name, registry.resolve(name), kwargs
+    return name, registry.resolve(name, "split"), kwargs
 
 
 _SPLIT_KEYS = ("names", "query_gallery", "fold")

@@ -8,8 +8,10 @@ the string into a Python callable by searching, in this order:
    * ``plugin:Name`` or ``pml_rank_plugins.Name`` -- this plugin's class ``Name`` (searched over
      the exports of our subpackages, see below);
    * ``pml:Name`` -- PML's class ``Name``;
-   * any fully qualified dotted path ``package.module.Name`` (e.g. ``torch.optim.Adam``,
-     ``pml_rank_plugins.losses.FastAPLoss``, ``my_project.nets.MyNet``).
+   * a fully qualified dotted path ``package.module.Name`` inside the known namespaces (e.g.
+     ``torch.optim.Adam``, ``pml_rank_plugins.losses.FastAPLoss``), or inside a module the user
+     allowed outside the config (``my_project.nets.MyNet`` after :func:`allow_modules`,
+     ``pml-rank --allow-module my_project`` or ``PML_RANK_ALLOW_MODULES=my_project``).
 
 2. **Bare names**, first hit wins:
 
@@ -28,6 +30,14 @@ exactly as before; the plugin's class is reached as ``pml_rank_plugins.FastAPLos
 to a different object unless ``override=True`` (so a user registration cannot silently change the
 meaning of a PML name).
 
+**Trust rule.** A config names classes, not arbitrary callables: a name resolves only to an object
+*defined* in the known namespaces (:data:`NAMESPACES`), in a module the user allowed
+(:func:`allow_modules`), or registered with :func:`register`. The module of a dotted path is
+checked *before* it is imported, and the resolved object's ``__module__`` after (so
+``allowed_module.system`` imported there ``from os`` is refused). :data:`DENIED_MODULES` (``os``,
+``subprocess``, ``builtins``, ...) can never be allowed. A refused name raises
+:class:`UnknownNameError` naming the config key and how to allow a module.
+
 Our classes are discovered at *lookup time* by reading the public exports (``__all__``, else
 every public attribute defined inside ``pml_rank_plugins``) of each subpackage's ``__init__``,
 so a class added to e.g. ``pml_rank_plugins/losses/__init__.py`` is found with no change here.
@@ -41,47 +51,27 @@ import inspect
 from types import ModuleType
 from typing import Any, Callable
 
-PLUGIN_PREFIXES = ("plugin:", "pml_rank_plugins.")
-PML_PREFIX = "pml:"
-
-PML_MODULES = (
-    "pytorch_metric_learning.losses",
-    "pytorch_metric_learning.miners",
-    "pytorch_metric_learning.samplers",
-    "pytorch_metric_learning.distances",
-    "pytorch_metric_learning.reducers",
-    "pytorch_metric_learning.regularizers",
-    "pytorch_metric_learning.trainers",
-    "pytorch_metric_learning.testers",
-    "pytorch_metric_learning.utils.accuracy_calculator",
-    "pytorch_metric_learning.utils.inference",
-)
-PLUGIN_SUBPACKAGES = (
-    "pml_rank_plugins.losses",
-    "pml_rank_plugins.miners",
-    "pml_rank_plugins.samplers",
-    "pml_rank_plugins.trainers",
-    "pml_rank_plugins.data",
-    "pml_rank_plugins.data.splits",
-    "pml_rank_plugins.models",
-    "pml_rank_plugins.experiment.accuracy",
-)
-TORCH_MODULES = (
-    "torch.optim",
-    "torch.optim.lr_scheduler",
-    "torch.nn",
-    "torchvision.transforms",
-    "torchvision.models",
+from .allowlist import (  # noqa: F401 -- re-exported: registry.allow_modules is the public API
+    _MODULE_NAME,
+    _OWN_NAMESPACES,
+    ALLOW_ENV,
+    DENIED_MODULES,
+    NAMESPACES,
+    PLUGIN_SUBPACKAGES,
+    PML_MODULES,
+    TORCH_MODULES,
+    UnknownNameError,
+    allow_modules,
+    allowed_modules,
+    check_object,
+    check_path,
+    is_under,
 )
 
 _USER: dict[str, Callable] = {}
 
-
-class UnknownNameError(KeyError):
-    """A config names a class that no namespace defines."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0])
+PLUGIN_PREFIXES = ("plugin:", "pml_rank_plugins.")
+PML_PREFIX = "pml:"
 
 
 def _import(name: str) -> ModuleType | None:
@@ -91,7 +81,9 @@ def _import(name: str) -> ModuleType | None:
         return None
 
 
-def _public_callables(module: ModuleType, own_prefix: str | None = None) -> dict[str, Callable]:
+def _public_callables(
+    module: ModuleType, own_prefix: tuple[str, ...] | None = None
+) -> dict[str, Callable]:
     """Public classes/functions exported by ``module``.
 
     With ``__all__`` those names; otherwise every public callable attribute, restricted to objects
@@ -106,13 +98,15 @@ def _public_callables(module: ModuleType, own_prefix: str | None = None) -> dict
         obj = getattr(module, n, None)
         if obj is None or isinstance(obj, ModuleType) or not callable(obj):
             continue
-        if own_prefix and not getattr(obj, "__module__", "").startswith(own_prefix):
+        if own_prefix and not is_under(str(getattr(obj, "__module__", None)), own_prefix):
             continue
         out[n] = obj
     return out
 
 
-def _namespace(modules: tuple[str, ...], own_prefix: str | None = None) -> dict[str, Callable]:
+def _namespace(
+    modules: tuple[str, ...], own_prefix: tuple[str, ...] | None = None
+) -> dict[str, Callable]:
     table: dict[str, Callable] = {}
     for m in modules:
         mod = _import(m)
@@ -124,16 +118,18 @@ def _namespace(modules: tuple[str, ...], own_prefix: str | None = None) -> dict[
 
 
 def pml_names() -> dict[str, Callable]:
-    return _namespace(PML_MODULES, "pytorch_metric_learning")
+    return _namespace(PML_MODULES, PML_MODULES)
 
 
 def plugin_names() -> dict[str, Callable]:
     """Our exported classes, scanned now (so newly merged classes appear automatically)."""
-    return _namespace(PLUGIN_SUBPACKAGES, "pml_rank_plugins")
+    return _namespace(PLUGIN_SUBPACKAGES, _OWN_NAMESPACES)
 
 
 def torch_names() -> dict[str, Callable]:
-    return _namespace(TORCH_MODULES)
+    """``torch.optim``, ``torch.nn``, ``torchvision.transforms``/``models`` public objects
+    defined there (not, e.g., ``functools.wraps`` imported by ``torch.optim.lr_scheduler``)."""
+    return _namespace(TORCH_MODULES, TORCH_MODULES)
 
 
 def all_names() -> dict[str, str]:
@@ -187,19 +183,30 @@ def unregister(name: str) -> None:
     _USER.pop(name, None)
 
 
-def _unknown(name: str, candidates: list[str], where: str) -> UnknownNameError:
+def _unknown(name: str, candidates: list[str], why: str, loc: str = "") -> UnknownNameError:
     close = difflib.get_close_matches(name.split(".")[-1].split(":")[-1], candidates, n=5)
     hint = f"; closest matches: {', '.join(close)}" if close else ""
-    return UnknownNameError(f"unknown name {name!r} ({where}){hint}")
+    at = f" at {loc.removesuffix(': ')}" if loc else ""
+    return UnknownNameError(f"unknown name {name!r}{at} ({why}){hint}")
 
 
-def resolve(name: str) -> Callable:
+def resolve(name: str, where: str = "") -> Callable:
     """Return the class/function ``name`` refers to (see the module docstring for the rule).
 
-    Raises :class:`UnknownNameError` with the closest known names when nothing matches.
+    Args:
+        name: what the config writes, e.g. ``"FastAPLoss"`` or ``"torch.optim.SGD"``.
+        where: the config key naming it (``"loss_funcs.metric_loss"``), put in front of errors.
+
+    Returns:
+        The class or factory function.
+
+    Raises:
+        UnknownNameError: nothing matches (with the closest known names), or the name is outside
+            the allowed namespaces (with how to allow a module), or in a denied module.
     """
+    loc = f"{where}: " if where else ""
     if not isinstance(name, str) or not name:
-        raise UnknownNameError(f"expected a class name (string), got {name!r}")
+        raise UnknownNameError(f"{loc}expected a class name (string), got {name!r}")
     for prefix in PLUGIN_PREFIXES:
         if name.startswith(prefix):
             short = name[len(prefix) :]
@@ -208,27 +215,30 @@ def resolve(name: str) -> Callable:
                 return table[short]
             if prefix == "pml_rank_plugins." and "." in short:
                 break  # a real dotted path inside our package: handled below
-            raise _unknown(name, sorted(table), "not exported by pml_rank_plugins")
+            raise _unknown(name, sorted(table), "not exported by pml_rank_plugins", loc)
     if name.startswith(PML_PREFIX):
         short = name[len(PML_PREFIX) :]
         table = pml_names()
         if short in table:
             return table[short]
-        raise _unknown(name, sorted(table), "not in pytorch_metric_learning")
+        raise _unknown(name, sorted(table), "not in pytorch_metric_learning", loc)
     if ":" not in name and "." in name:
         module_name, _, attr = name.rpartition(".")
+        if not _MODULE_NAME.match(name):
+            raise UnknownNameError(f"{loc}{name!r} is not a class name or dotted path")
+        check_path(name, module_name, loc)  # before importing: an import runs module code
         mod = _import(module_name)
-        if mod is not None and hasattr(mod, attr):
-            return getattr(mod, attr)
         if mod is None:
-            raise UnknownNameError(f"unknown name {name!r}: cannot import module {module_name!r}")
-        raise _unknown(name, sorted(_public_callables(mod)), f"not in module {module_name}")
+            raise UnknownNameError(f"{loc}unknown name {name!r}: cannot import {module_name!r}")
+        if not hasattr(mod, attr) or attr.startswith("_"):
+            raise _unknown(name, sorted(_public_callables(mod)), f"not in {module_name}", loc)
+        return check_object(name, getattr(mod, attr), loc)
     if name in _USER:
         return _USER[name]
     for table in (pml_names(), plugin_names(), torch_names()):
         if name in table:
             return table[name]
-    raise _unknown(name, sorted(all_names()), "not registered, not in PML, plugin or torch")
+    raise _unknown(name, sorted(all_names()), "not registered, not in PML, plugin or torch", loc)
 
 
 def plugin_twin(obj: Any) -> str | None:

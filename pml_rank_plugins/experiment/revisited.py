@@ -26,6 +26,7 @@ from .datasets import build_dataset
 from .instantiate import build_object
 from .schema import ConfigError, spec_name_and_kwargs
 from .transforms import NamedCompose, build_transforms
+from .values import MAX_BATCH, integer
 
 
 def revisited_entries(config: dict) -> list[dict]:
@@ -48,12 +49,18 @@ def revisited_entries(config: dict) -> list[dict]:
             raise ConfigError(
                 f"{where}.dataset.{ds_name}.split: leave it out (query and database are built)"
             )
+        ks = e.get("ks", [1, 5, 10])
+        if not isinstance(ks, (list, tuple)) or not ks:
+            raise ConfigError(f"{where}.ks: expected a non-empty list of integers, got {ks!r}")
+        ks = tuple(integer(k, f"{where}.ks[{j}]", 1) for j, k in enumerate(ks))
+        if e.get("batch_size") is not None:
+            integer(e["batch_size"], f"{where}.batch_size", 1, MAX_BATCH)
         out.append(
             {
                 "where": where,
                 "dataset": e["dataset"],
                 "name": str(e.get("name") or kwargs.get("name") or ds_name),
-                "ks": tuple(int(k) for k in e.get("ks", (1, 5, 10))),
+                "ks": ks,
                 "batch_size": e.get("batch_size"),
                 "transform": e.get("transform"),
             }

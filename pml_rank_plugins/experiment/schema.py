@@ -18,9 +18,16 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
-
-from . import registry
+from . import registry, values
+from .errors import ConfigError
+from .yamlfile import (  # noqa: F401 -- re-exported (schema is where callers import them from)
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+    ConfigLoader,
+    dump_yaml,
+    load_yaml,
+    parse_yaml,
+)
 
 TOP_LEVEL_KEYS = {
     "name",
@@ -54,30 +61,6 @@ EVAL_KEYS = {
     "revisited",
 }
 _CLASSLIKE = re.compile(r"^(plugin:|pml:)?[A-Za-z_][\w.]*$")
-
-
-class ConfigError(ValueError):
-    """A config is malformed; the message names the offending key path."""
-
-
-class ConfigLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that also reads ``1e-3`` / ``1E+5`` as floats (YAML 1.2 rule).
-
-    PyYAML follows YAML 1.1, where a float needs a dot, so ``lr: 1e-3`` became the *string*
-    ``"1e-3"`` and failed deep inside ``torch.optim``.
-    """
-
-
-ConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
-def parse_yaml(text: str) -> Any:
-    """Parse YAML text with :class:`ConfigLoader` (configs and ``--set`` values)."""
-    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 -- a SafeLoader subclass
 
 
 # Marks a key present on one side only in :func:`config_diff`.
@@ -154,7 +137,7 @@ def parse_set(assignments: Iterable[str]) -> list[tuple[list[str], Any]]:
         path = [p for p in key.strip().split(".") if p]
         if not path:
             raise ConfigError(f"--set {a!r}: empty key")
-        out.append((path, parse_yaml(raw)))
+        out.append((path, parse_yaml(raw, f"--set {key.strip()}")))
     return out
 
 
@@ -188,27 +171,15 @@ def apply_set(config: dict, path: list[str], value: Any) -> dict:
     return config
 
 
-def load_yaml(path: str | Path) -> dict:
-    with open(path) as f:
-        data = parse_yaml(f.read())
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
-    return data
-
-
-def dump_yaml(config: dict, path: str | Path | None = None) -> str:
-    text = yaml.safe_dump(config, sort_keys=False, default_flow_style=None)
-    if path is not None:
-        Path(path).write_text(text)
-    return text
-
-
 def expand_methods(config: dict, default_name: str = "run") -> dict[str, dict]:
     """``{method name: full config}``; a config without ``methods`` is one method."""
     methods = config.get("methods")
     base = {k: v for k, v in config.items() if k != "methods"}
+    name = base.get("name", default_name)
+    if not isinstance(name, str):
+        raise ConfigError(f"name: expected a string, got {name!r}")
     if not methods:
-        return {base.get("name", default_name): base}
+        return {name: base}
     if not isinstance(methods, dict):
         raise ConfigError("methods: expected a mapping {method name: partial config}")
     out = {}
@@ -262,7 +233,8 @@ def validate(config: dict) -> dict:
     unknown = set(config) - TOP_LEVEL_KEYS
     if unknown:
         raise ConfigError(
-            f"unknown top-level key(s) {sorted(unknown)}; allowed: {sorted(TOP_LEVEL_KEYS)}"
+            f"unknown top-level key(s) {sorted(map(str, unknown))}; "
+            f"allowed: {sorted(TOP_LEVEL_KEYS)}"
         )
     for key in ("models", "loss_funcs", "trainer"):
         if key not in config:
@@ -277,9 +249,13 @@ def validate(config: dict) -> dict:
     if "metric_loss" not in (config.get("loss_funcs") or {}):
         raise ConfigError("loss_funcs: needs 'metric_loss'")
     ev = config.get("eval") or {}
+    if not isinstance(ev, dict):
+        raise ConfigError(f"eval: expected a mapping, got {ev!r}")
     bad = set(ev) - EVAL_KEYS
     if bad:
-        raise ConfigError(f"eval: unknown key(s) {sorted(bad)}; allowed: {sorted(EVAL_KEYS)}")
+        raise ConfigError(
+            f"eval: unknown key(s) {sorted(map(str, bad))}; allowed: {sorted(EVAL_KEYS)}"
+        )
     datasets = config.get("datasets")
     if datasets is not None and not isinstance(datasets, dict):
         raise ConfigError("datasets: expected {split name: {DatasetClass: {kwargs}}}")
@@ -311,16 +287,21 @@ def validate(config: dict) -> dict:
         slots["split"] = split_fn
     if ev.get("tester"):
         slots["eval.tester"] = ev["tester"]
+    values.check_values(
+        config,
+        spec_name_and_kwargs(ev["tester"], "eval.tester") if ev.get("tester") else None,
+        spec_name_and_kwargs(config["trainer"], "trainer"),
+    )
     for where, spec in slots.items():
         if spec is None:
             continue
         name, kwargs = spec_name_and_kwargs(spec, where)
-        obj = registry.resolve(name)
+        obj = registry.resolve(name, where)
         own = {k: v for k, v in kwargs.items() if k not in RUNNER_KWARGS.get(where, ())}
         registry.check_keywords(obj, own, where)
         _check_plugin_twin(where, name, obj, kwargs)
         for w, n, kw in _walk_specs(kwargs, f"{where}.{name}"):
-            inner = registry.resolve(n)
+            inner = registry.resolve(n, w)
             registry.check_keywords(inner, kw, w)
             _check_plugin_twin(w, n, inner, kw)
     return config
@@ -333,7 +314,7 @@ def _check_plugin_twin(where: str, name: str, obj: Any, kwargs: dict) -> None:
     if twin is None:
         return
     for w, n, _ in _walk_specs(kwargs, f"{where}.{name}"):
-        if registry.is_plugin_object(registry.resolve(n)):
+        if registry.is_plugin_object(registry.resolve(n, w)):
             raise ConfigError(
                 f"{where}: the bare name {name!r} is PML's class, which does not accept the "
                 f"plugin's {n} ({w}); write {twin} instead"

@@ -77,8 +77,10 @@ def test_unknown_name_lists_closest_matches():
         registry.resolve("ContrastivLoss")
     with pytest.raises(UnknownNameError, match="TripletMarginLoss"):
         registry.resolve("pml:TripletMarginLos")
-    with pytest.raises(UnknownNameError, match="cannot import module"):
+    with pytest.raises(UnknownNameError, match="--allow-module"):
         registry.resolve("no_such_pkg.Thing")
+    with pytest.raises(UnknownNameError, match="cannot import 'torch.optim.nope'"):
+        registry.resolve("torch.optim.nope.Thing")
     with pytest.raises(UnknownNameError, match="not exported by pml_rank_plugins"):
         registry.resolve("plugin:DefinitelyNotAClass")
 
