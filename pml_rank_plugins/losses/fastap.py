@@ -6,7 +6,7 @@ from pytorch_metric_learning.distances import LpDistance
 
 from ..functional.histogram_ap import histogram_ap
 from ..functional.validation import check_int
-from .histogram_ap_base import HistogramAPLoss
+from .histogram_ap_base import MAX_NUM_BINS, HistogramAPLoss
 
 
 class FastAPLoss(HistogramAPLoss):
@@ -28,13 +28,14 @@ class FastAPLoss(HistogramAPLoss):
     O(num_bins N^2) memory). See :class:`HistogramAPLoss` for the PML contract.
 
     Args:
-        num_bins: number of bin spacings ``L`` (>= 1); the default 10 is the paper's.
+        num_bins: number of bin spacings ``L`` (1 to ``MAX_NUM_BINS`` = 4096); the default 10 is the
+            paper's.
         chunk_size: query rows per chunk (``None``: automatic).
         distance: must be PML's ``LpDistance(p=2, power=2, normalize_embeddings=True)`` (default).
     """
 
     def __init__(self, num_bins: int = 10, chunk_size: int | None = None, **kwargs):
-        num_bins = check_int(num_bins, "num_bins", minimum=1)
+        num_bins = check_int(num_bins, "num_bins", minimum=1, maximum=MAX_NUM_BINS)
         self.num_bins = self.num_intervals = num_bins
         super().__init__(chunk_size=chunk_size, **kwargs)
         self.add_to_recordable_attributes(list_of_names=["num_bins"], is_stat=False)

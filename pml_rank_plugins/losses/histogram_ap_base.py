@@ -15,6 +15,10 @@ from ..functional.validation import (
 )
 from ..utils.loss_and_miner_utils import pair_masks
 
+# Upper bound on num_bins: the histograms take (N, 2, num_bins + 1) floats, and published settings
+# stay below 100 (FastAP 10-20, listwise AP 20-25); 1e9 bins is a typo, refused with the key named.
+MAX_NUM_BINS = 4096
+
 
 class HistogramAPLoss(BaseMetricLossFunction):
     """Loss ``1 - AP_i`` per query, AP computed from soft histograms of pairwise scores.

@@ -7,7 +7,7 @@ from pytorch_metric_learning.distances import CosineSimilarity
 
 from ..functional.histogram_ap import histogram_ap, tie_aware_histogram_ap
 from ..functional.validation import check_int
-from .histogram_ap_base import HistogramAPLoss
+from .histogram_ap_base import MAX_NUM_BINS, HistogramAPLoss
 
 
 class QuantizedAPLoss(HistogramAPLoss):
@@ -29,7 +29,7 @@ class QuantizedAPLoss(HistogramAPLoss):
     :class:`pml_rank_plugins.losses.CrossBatchMemory` (PML's refuses this class by name).
 
     Args:
-        num_bins: number of bins ``M`` (>= 2; paper default 20).
+        num_bins: number of bins ``M`` (2 to ``MAX_NUM_BINS`` = 4096; paper default 20).
         class_balanced: weight queries so each class counts equally.
         tie_aware: use mAP_T instead of mAP_Q.
         chunk_size: query rows per chunk (``None``: automatic).
@@ -44,7 +44,7 @@ class QuantizedAPLoss(HistogramAPLoss):
         chunk_size: int | None = None,
         **kwargs,
     ):
-        num_bins = check_int(num_bins, "num_bins", minimum=2)
+        num_bins = check_int(num_bins, "num_bins", minimum=2, maximum=MAX_NUM_BINS)
         self.num_bins = num_bins
         self.num_intervals = num_bins - 1
         self.class_balanced = bool(class_balanced)

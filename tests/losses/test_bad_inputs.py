@@ -81,3 +81,11 @@ def test_numpy_integer_sizes_are_accepted(loss_class, batch):
 def test_chunk_size_must_be_a_positive_integer(loss_class, chunk_size):
     with pytest.raises(ValueError, match="chunk_size must be an integer >= 1"):
         loss_class(chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("cls", [FastAPLoss, QuantizedAPLoss])
+def test_an_absurd_num_bins_is_refused_naming_it(cls):
+    # issue 20 C3: `num_bins: 1e9` passed `check` (the constructor accepted it)
+    with pytest.raises(ValueError, match="num_bins"):
+        cls(num_bins=1_000_000_000)
+    assert cls(num_bins=4096).num_bins == 4096
