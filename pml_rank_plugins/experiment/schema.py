@@ -47,6 +47,7 @@ TOP_LEVEL_KEYS = {
     "eval",
     "methods",
     "device",
+    "tune",
 }
 EVAL_KEYS = {
     "tester",
@@ -185,6 +186,11 @@ def expand_methods(config: dict, default_name: str = "run") -> dict[str, dict]:
     out = {}
     for name, partial in methods.items():
         cfg = deep_merge(base, partial or {})
+        # A search space's one-key mappings look like object specs to deep_merge; a method's
+        # tune.space entries extend or replace the top-level ones key by key.
+        spaces = [(c.get("tune") or {}).get("space") for c in (base, partial or {})]
+        if all(isinstance(sp, dict) for sp in spaces):
+            cfg["tune"]["space"] = {**spaces[0], **spaces[1]}
         cfg["name"] = str(name)
         out[str(name)] = cfg
     return out

@@ -1,0 +1,201 @@
+"""Search spaces for ``pml-rank tune``: the ``tune:`` section of a config, parsed and checked.
+
+A config's ``tune`` section (top level, and per method under ``methods.<name>.tune``; a method's
+entries extend or replace the top-level ones key by key, like every other method key)::
+
+    tune:
+      trials: 20
+      sampler: {TPESampler: {seed: 0}}          # a class of optuna.samplers
+      pruner: {MedianPruner: {n_warmup_steps: 1}}   # a class of optuna.pruners, or null
+      space:
+        loss_funcs.metric_loss.num_bins: {int: [5, 40]}
+        optimizers.trunk_optimizer.lr: {float: [1.0e-5, 1.0e-2], log: true}
+        trainer.batch_size: {choice: [32, 64]}
+
+Space keys are ``--set`` key paths (:func:`.schema.apply_set`: a path passes through an object
+spec without naming its class). A key must exist in the method's config, or name a keyword that
+the class of the enclosing object spec accepts. Every mistake is a :class:`ConfigError` naming the
+key: an unknown kind, ``low > high``, ``log`` with ``low <= 0``, an ``int`` range with non-integer
+bounds, an empty or non-scalar ``choice``, a key path the config does not have.
+
+Cost: O(size of the config) per key. Nothing here imports Optuna; the samplers and pruners are
+resolved by name in :mod:`pml_rank_plugins.running.tune`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import registry
+from .schema import ConfigError, apply_set, is_object_spec
+
+KINDS = ("int", "float", "choice")
+TUNE_KEYS = {"trials", "sampler", "pruner", "space"}
+DEFAULT_TRIALS = 20
+DEFAULT_SAMPLER = {"TPESampler": {"seed": 0}}
+DEFAULT_PRUNER = {"MedianPruner": {"n_warmup_steps": 1}}
+_SCALARS = (bool, int, float, str, type(None))
+
+
+@dataclass(frozen=True)
+class Param:
+    """One dimension of a search space: ``path`` (a ``--set`` key path) and its distribution."""
+
+    path: str
+    kind: str
+    low: float | int | None = None
+    high: float | int | None = None
+    log: bool = False
+    choices: tuple = ()
+
+    def describe(self) -> str:
+        if self.kind == "choice":
+            return f"choice {list(self.choices)}"
+        return f"{self.kind} [{self.low}, {self.high}]" + (" log" if self.log else "")
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{where}: bounds must be finite numbers, got {value!r}")
+    return value
+
+
+def parse_param(path: str, spec: Any, where: str) -> Param:
+    """One ``key.path: {int|float: [low, high], log: bool} | {choice: [...]}`` entry."""
+    if not isinstance(spec, Mapping):
+        raise ConfigError(
+            f"{where}: expected {{int: [low, high]}}, {{float: [low, high]}} or "
+            f"{{choice: [...]}}, got {spec!r}"
+        )
+    kinds = [k for k in spec if k in KINDS]
+    extra = set(spec) - set(KINDS) - {"log"}
+    if len(kinds) != 1 or extra:
+        raise ConfigError(
+            f"{where}: give exactly one of {list(KINDS)} (and optionally log: true), got keys "
+            f"{sorted(map(str, spec))}"
+        )
+    kind = kinds[0]
+    log = spec.get("log", False)
+    if not isinstance(log, bool):
+        raise ConfigError(f"{where}.log: expected true or false, got {log!r}")
+    if kind == "choice":
+        if log:
+            raise ConfigError(f"{where}: log applies to int and float ranges, not to choice")
+        choices = spec["choice"]
+        if not isinstance(choices, list) or not choices:
+            raise ConfigError(f"{where}.choice: expected a non-empty list, got {choices!r}")
+        bad = [c for c in choices if not isinstance(c, _SCALARS)]
+        if bad:
+            raise ConfigError(
+                f"{where}.choice: values must be numbers, strings, booleans or null; got {bad[0]!r}"
+            )
+        if len(set(map(repr, choices))) != len(choices):
+            raise ConfigError(f"{where}.choice: lists a value twice: {choices}")
+        return Param(path, kind, choices=tuple(choices))
+    bounds = spec[kind]
+    if not isinstance(bounds, list) or len(bounds) != 2:
+        raise ConfigError(f"{where}.{kind}: expected [low, high], got {bounds!r}")
+    low, high = (_number(b, f"{where}.{kind}") for b in bounds)
+    if kind == "int" and not all(float(b).is_integer() for b in (low, high)):
+        raise ConfigError(f"{where}.int: bounds must be integers, got {bounds}")
+    if low > high:
+        raise ConfigError(f"{where}.{kind}: low {low} > high {high}")
+    if log and low <= 0:
+        raise ConfigError(f"{where}: log needs low > 0, got low {low}")
+    if kind == "int":
+        low, high = int(low), int(high)
+    else:
+        low, high = float(low), float(high)
+    return Param(path, kind, low, high, log)
+
+
+def _leaf_exists(config: dict, path: list[str]) -> bool:
+    """True when ``path`` (``--set`` semantics) names an existing key of ``config``, or a keyword
+    the class of the enclosing object spec accepts."""
+    node: Any = config
+    for i, key in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(node, dict) and key not in node and is_object_spec(node):
+            name, kwargs = next(iter(node.items()))
+            if last:
+                if kwargs and key in kwargs:
+                    return True
+                try:
+                    accepted = registry.accepted_keywords(registry.resolve(name))
+                except Exception:  # an unknown class is the schema check's error, not ours
+                    return False
+                return accepted is None or key in accepted
+            node = kwargs or {}
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+def tune_section(config: Mapping, where: str = "tune") -> dict:
+    """The config's ``tune`` section with defaults, checked (its ``space`` parsed into
+    ``{path: Param}``). A config without ``tune`` gets the defaults and an empty space."""
+    section = config.get("tune") or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{where}: expected a mapping with keys {sorted(TUNE_KEYS)}")
+    unknown = set(section) - TUNE_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; allowed {sorted(TUNE_KEYS)}")
+    trials = section.get("trials", DEFAULT_TRIALS)
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ConfigError(f"{where}.trials: expected an integer >= 1, got {trials!r}")
+    space = section.get("space") or {}
+    if not isinstance(space, Mapping):
+        raise ConfigError(f"{where}.space: expected {{key.path: {{int|float|choice: ...}}}}")
+    params = {
+        str(path): parse_param(str(path), spec, f"{where}.space.{path}")
+        for path, spec in space.items()
+    }
+    for slot in ("sampler", "pruner"):
+        spec = section.get(slot, DEFAULT_SAMPLER if slot == "sampler" else DEFAULT_PRUNER)
+        if spec is not None and not (
+            isinstance(spec, str) or (isinstance(spec, Mapping) and len(spec) == 1)
+        ):
+            raise ConfigError(f"{where}.{slot}: expected {{ClassName: {{kwargs}}}}, got {spec!r}")
+    return {
+        "trials": trials,
+        "sampler": section.get("sampler", DEFAULT_SAMPLER),
+        "pruner": section.get("pruner", DEFAULT_PRUNER),
+        "space": params,
+    }
+
+
+def method_space(config: Mapping, method: str) -> dict[str, Param]:
+    """The checked space of one method's (expanded) config: every key path must exist in it.
+
+    Raises :class:`ConfigError` naming the method and the key (an empty space is an error too:
+    tuning a method needs at least one dimension).
+    """
+    where = f"method {method!r}: tune.space"
+    params = tune_section(config, f"method {method!r}: tune")["space"]
+    if not params:
+        raise ConfigError(f"{where}: empty; give at least one key path to tune")
+    bare = strip_tune(config)
+    for path in params:
+        if not _leaf_exists(bare, path.split(".")):
+            raise ConfigError(
+                f"{where}.{path}: no such key in the method's config (key paths are --set "
+                "paths, e.g. loss_funcs.metric_loss.num_bins or optimizers.trunk_optimizer.lr)"
+            )
+    return params
+
+
+def strip_tune(config: Mapping) -> dict:
+    """A deep copy of ``config`` without its ``tune`` section (what a trial run trains)."""
+    return {k: copy.deepcopy(v) for k, v in config.items() if k != "tune"}
+
+
+def apply_params(config: Mapping, params: Mapping[str, Any]) -> dict:
+    """``config`` (without ``tune``) with every ``path -> value`` of ``params`` set."""
+    out = strip_tune(config)
+    for path, value in params.items():
+        apply_set(out, path.split("."), copy.deepcopy(value))
+    return out

@@ -1,0 +1,186 @@
+"""``pml-rank tune`` outputs: ``tune.json``, ``tune.md``, ``tune_history.png`` and one
+parameter-importance plot per method (``importance_<method>.png``).
+
+``tune.json`` holds ``{"storage": URL without password, "out_dir", "trials",
+"methods": {method: {best_params, best_value, best_trial, n_trials, states, wall_seconds,
+seed}}}``; ``pml-rank compare CONFIG --tuned OUT`` reads it
+(:func:`pml_rank_plugins.running.tune.apply_tuned`). The history plot shows, per method, the best
+validation value found so far against the trial number (complete trials only); the importance
+plot is Optuna's fANOVA importance (needs two complete trials with different values).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import optuna
+from optuna.trial import TrialState
+
+from ..experiment.methods import check_methods, collect_methods, slug
+from ..running.tune import TUNE_FILE, check_tune_config, tune
+from .tables import metric_label
+
+LOGGER = logging.getLogger(__name__)
+# Okabe & Ito's colour-blind-safe palette, with a marker per method as a second cue.
+COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def collect_tune_methods(
+    configs: Sequence[str | Path | Mapping],
+    overrides: Iterable[str] = (),
+    methods: Sequence[str] | None = None,
+    data_root: str | None = None,
+) -> dict[str, dict]:
+    """The selected methods' configs, validated, with their tune sections checked (exit 2 on
+    any mistake, before anything trains)."""
+    selected = collect_methods(configs, overrides, methods, data_root)
+    check_methods(selected)
+    for name, cfg in selected.items():
+        check_tune_config(cfg, name)
+    return selected
+
+
+def run_tune(
+    configs: Sequence[str | Path | Mapping],
+    out_dir: str | Path,
+    trials: int | None = None,
+    storage: str | None = None,
+    jobs: int = 1,
+    device: str | None = None,
+    overrides: Iterable[str] = (),
+    methods: Sequence[str] | None = None,
+    data_root: str | None = None,
+) -> dict:
+    """Tune the selected methods of ``configs`` into ``out_dir``; write and return ``tune.json``."""
+    selected = collect_tune_methods(configs, overrides, methods, data_root)
+    summary, studies = tune(selected, out_dir, trials, storage, jobs, device)
+    out_dir = Path(out_dir)
+    summary["out_dir"] = str(out_dir)
+    summary["trials"] = {m: s["n_trials"] for m, s in summary["methods"].items()}
+    primary = (next(iter(selected.values())).get("eval") or {}).get(
+        "primary_metric", "mean_average_precision_at_r"
+    )
+    summary["objective"] = f"validation {primary} at the best epoch"
+    write_tune_outputs(summary, studies, out_dir, primary)
+    return summary
+
+
+def markdown(summary: Mapping, primary: str) -> str:
+    """``tune.md``: one row per method."""
+    lines = [
+        f"Objective: validation {metric_label(primary)} at the best epoch (%), maximized. "
+        f"Storage: `{summary['storage']}`.",
+        "",
+        "| method | best value (%) | best trial | trials | complete | pruned | failed | "
+        "wall (s) | best parameters |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for method, s in summary["methods"].items():
+        st = s["states"]
+        best = "-" if s["best_value"] is None else f"{100 * s['best_value']:.2f}"
+        params = ", ".join(f"`{k}`={_short(v)}" for k, v in (s["best_params"] or {}).items())
+        lines.append(
+            f"| {method} | {best} | {s['best_trial'] if s['best_trial'] is not None else '-'} | "
+            f"{s['n_trials']} | {st.get('complete', 0)} | {st.get('pruned', 0)} | "
+            f"{st.get('fail', 0)} | {s['wall_seconds']:.1f} | {params or '-'} |"
+        )
+    lines += [
+        "",
+        "Wall time is this call's and depends on `--jobs` and the machine's load. Re-train the "
+        "best parameters on fresh seeds with `pml-rank compare CONFIG --tuned OUT`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _short(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def write_tune_outputs(
+    summary: dict, studies: Mapping[str, optuna.Study], out_dir: Path, primary: str
+) -> list[Path]:
+    """Write ``tune.json``, ``tune.md`` and the plots; returns the plot paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = [write_history(studies, out_dir / "tune_history.png", primary)]
+    for method, study in studies.items():
+        path = write_importance(study, out_dir / f"importance_{slug(method)}.png", method)
+        if path is not None:
+            plots.append(path)
+    summary["plots"] = [str(p) for p in plots]
+    (out_dir / TUNE_FILE).write_text(json.dumps(summary, indent=2))
+    (out_dir / "tune.md").write_text(markdown(summary, primary))
+    return plots
+
+
+def best_so_far(study: optuna.Study) -> tuple[list[int], list[float]]:
+    """(trial numbers, best complete value up to and including each) over complete trials."""
+    xs, ys, best = [], [], None
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        if t.state != TrialState.COMPLETE:
+            continue
+        best = t.value if best is None else max(best, t.value)
+        xs.append(t.number)
+        ys.append(best)
+    return xs, ys
+
+
+def write_history(studies: Mapping[str, optuna.Study], path: Path, primary: str) -> Path:
+    """``tune_history.png`` (and ``.pdf``): best validation value so far vs trial, per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for i, (method, study) in enumerate(studies.items()):
+        xs, ys = best_so_far(study)
+        ax.step(
+            xs,
+            [100 * y for y in ys],
+            where="post",
+            color=COLORS[i % len(COLORS)],
+            marker=MARKERS[i % len(MARKERS)],
+            label=method,
+            linewidth=1.8,
+        )
+    ax.set_title("Tuning history: best validation value so far", fontsize=12)
+    ax.set_xlabel("trial", fontsize=11)
+    ax.set_ylabel(f"best validation {metric_label(primary)} (%)", fontsize=11)
+    ax.tick_params(labelsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    fig.savefig(path.with_suffix(".pdf"))
+    plt.close(fig)
+    return path
+
+
+def write_importance(study: optuna.Study, path: Path, method: str) -> Path | None:
+    """Optuna's parameter-importance plot for one method, or None (with a log line) when the
+    study cannot rank its parameters yet (fewer than two distinct complete values)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values = {t.value for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE}
+    if len(values) < 2:
+        LOGGER.info("[%s] no importance plot: fewer than two distinct complete values", method)
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        ax = optuna.visualization.matplotlib.plot_param_importances(study)
+    ax.set_title(f"{method}: parameter importance (fANOVA)", fontsize=12)
+    fig = ax.get_figure()
+    fig.set_size_inches(7, 3 + 0.3 * len(study.best_trial.params))
+    fig.tight_layout()
+    fig.savefig(path)
+    fig.savefig(path.with_suffix(".pdf"))
+    plt.close(fig)
+    return path

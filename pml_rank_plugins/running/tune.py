@@ -1,0 +1,401 @@
+"""``pml-rank tune``: every method tuned with the same budget on one Optuna study each.
+
+MLRC's fair comparison (Musgrave et al., ECCV 2020): same trunk, same training budget, and every
+loss tuned by the same optimizer on validation data before its test numbers are reported. Here
+each method of a config gets one Optuna study (named after the method) with ``trials`` trials
+drawn from its ``tune.space`` (:mod:`pml_rank_plugins.experiment.search_space`). A trial is an
+ordinary run folder ``OUT/<method>/trial<k>/`` trained by :func:`.runner.train`, so locks,
+non-finite stops and MLRC folds behave as in ``pml-rank train``. The objective is the validation
+primary metric at the best epoch (for MLRC, the mean over the folds, as MLRC did); the test
+splits are removed from a trial's config, so tuning never looks at them.
+
+Pruning: a trial is trained one epoch per :func:`.runner.train` call (``stop_after_epoch``), then
+resumed; resume is bit-identical, so this equals one uninterrupted run. After each validated
+epoch the value goes to the pruner; a pruned trial stops training (state PRUNED, its folder keeps
+the epochs it ran). MLRC configs are not pruned (their per-epoch value is per fold).
+
+Storage: ``sqlite:///OUT/tune.db`` by default, or any URL Optuna accepts (``postgresql://...``),
+so several processes (``--jobs K``) and machines share a study. Trial numbers come from the
+storage, so a trial folder is never reused. Asking for a trial holds a lock (a file lock in
+``OUT``; with PostgreSQL also an advisory lock in the database), so the study never gets more than
+``trials`` trials. Rerunning the same command continues: finished trials are kept, a trial left
+RUNNING by a killed process on this machine is marked FAIL (its run folder's lock is free), and
+new trials are added until the study holds ``trials``. A failing trial (exception, non-finite
+loss) is recorded FAIL in the study and in its folder, and the study goes on.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import copy
+import fcntl
+import json
+import logging
+import multiprocessing as mp
+import os
+import socket
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import optuna
+import sqlalchemy
+import torch
+from optuna.trial import TrialState
+
+from ..experiment import registry
+from ..experiment.methods import slug
+from ..experiment.mlrc import is_mlrc
+from ..experiment.schema import ConfigError
+from ..experiment.search_space import Param, apply_params, method_space, tune_section
+from . import distributed, run_folder, runner
+
+LOGGER = logging.getLogger(__name__)
+ASK_LOCK = ".tune-ask.lock"
+TUNE_FILE = "tune.json"
+
+
+@dataclass
+class TuneJob:
+    """One method's study: its config, the trial budget and where everything goes."""
+
+    method: str
+    config: dict
+    trials: int
+    storage: str
+    out_dir: Path
+    device: str | None = None
+
+
+def default_storage(out_dir: str | Path) -> str:
+    """``sqlite:///OUT/tune.db`` (absolute)."""
+    return f"sqlite:///{(Path(out_dir) / 'tune.db').resolve()}"
+
+
+def public_url(url: str) -> str:
+    """The storage URL with its password removed (for ``tune.json`` and the console)."""
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except sqlalchemy.exc.ArgumentError:
+        return url
+
+
+def make_storage(url: str) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage; SQLite waits for its lock instead of failing at once."""
+    kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    except (sqlalchemy.exc.ArgumentError, ImportError, ModuleNotFoundError) as e:
+        raise ConfigError(f"--storage {public_url(url)}: {type(e).__name__}: {e}") from e
+
+
+def _optuna_object(spec: Any, module: Any, where: str) -> Any:
+    """``{ClassName: kwargs}`` (or ``None``) -> an instance of ``module.ClassName``."""
+    if spec is None:
+        return None
+    name, kwargs = (spec, {}) if isinstance(spec, str) else next(iter(spec.items()))
+    cls = getattr(module, str(name), None)
+    if not isinstance(cls, type) or name.startswith("Base"):
+        names = sorted(n for n in dir(module) if n[0].isupper() and not n.startswith("Base"))
+        raise ConfigError(f"{where}: {name!r} is not one of {module.__name__}: {names}")
+    try:
+        return cls(**(kwargs or {}))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {name}: {e}") from e
+
+
+def check_tune_config(config: Mapping, method: str) -> dict[str, Param]:
+    """Everything ``tune`` needs from one method's config, checked: the space (key paths that
+    exist), the trial count, the sampler and the pruner. Returns the space."""
+    space = method_space(config, method)
+    section = tune_section(config, f"method {method!r}: tune")
+    _optuna_object(section["sampler"], optuna.samplers, f"method {method!r}: tune.sampler")
+    _optuna_object(section["pruner"], optuna.pruners, f"method {method!r}: tune.pruner")
+    return space
+
+
+def open_study(job: TuneJob, worker: int = 0) -> optuna.Study:
+    """Create or load the method's study in ``job.storage``. Worker ``k`` of ``--jobs`` adds
+    ``k`` to the sampler's ``seed`` (equal seeds would make every worker draw the same values)."""
+    section = tune_section(job.config)
+    sampler = copy.deepcopy(section["sampler"])
+    if worker and isinstance(sampler, dict):
+        name, kwargs = next(iter(sampler.items()))
+        if isinstance(kwargs, dict) and isinstance(kwargs.get("seed"), int):
+            sampler = {name: {**kwargs, "seed": kwargs["seed"] + worker}}
+    return optuna.create_study(
+        storage=make_storage(job.storage),
+        study_name=job.method,
+        direction="maximize",
+        load_if_exists=True,
+        sampler=_optuna_object(sampler, optuna.samplers, "tune.sampler"),
+        pruner=_optuna_object(section["pruner"], optuna.pruners, "tune.pruner")
+        or optuna.pruners.NopPruner(),
+    )
+
+
+@contextlib.contextmanager
+def ask_lock(job: TuneJob, study: optuna.Study) -> Iterator[None]:
+    """Serialize "count the trials, then ask one" across processes (file lock in ``OUT``) and,
+    with PostgreSQL, across machines (advisory lock keyed by the study name)."""
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    with open(job.out_dir / ASK_LOCK, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            if job.storage.startswith("postgresql"):
+                key = zlib.crc32(job.method.encode())
+                engine = study._storage.engine  # noqa: SLF001 -- the RDB storage's engine
+                with engine.connect() as conn:
+                    conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+                    try:
+                        yield
+                    finally:
+                        conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+            else:
+                yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def fail_interrupted_trials(study: optuna.Study) -> list[int]:
+    """Mark FAIL every RUNNING trial of this machine whose run folder is not locked (its process
+    died); returns their numbers. Trials of other machines are left to their owners."""
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        run_dir = t.user_attrs.get("run_dir")
+        if t.user_attrs.get("host") != socket.gethostname() or not run_dir:
+            continue
+        try:
+            with run_folder.lock(run_dir):
+                pass
+        except run_folder.RunFolderBusy:
+            continue  # a live process trains it
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)  # noqa: SLF001
+        failed.append(t.number)
+    return failed
+
+
+def suggest(trial: optuna.Trial, param: Param) -> Any:
+    """Draw ``param`` from ``trial`` (the parameter is named by its key path)."""
+    if param.kind == "int":
+        return trial.suggest_int(param.path, param.low, param.high, log=param.log)
+    if param.kind == "float":
+        return trial.suggest_float(param.path, param.low, param.high, log=param.log)
+    return trial.suggest_categorical(param.path, list(param.choices))
+
+
+def trial_config(job: TuneJob, params: Mapping[str, Any], number: int) -> dict:
+    """The run config of one trial: the tuned values set, no test splits (tuning must not see
+    them), named ``<method> trial<k>``."""
+    cfg = apply_params(job.config, params)
+    ev = cfg.setdefault("eval", {})
+    ev["test"] = []
+    ev.pop("revisited", None)
+    cfg["name"] = f"{job.method} trial{number}"
+    return cfg
+
+
+def train_trial(trial: optuna.Trial, config: dict, run_dir: Path, device: str | None) -> float:
+    """Train one trial; report validated epochs to the pruner. Returns the objective; raises
+    :class:`optuna.TrialPruned` when the pruner stops it."""
+    prune = not is_mlrc(config)
+    epoch = 0
+    while True:
+        epoch += 1
+        m = runner.train(
+            config,
+            run_dir,
+            resume=epoch > 1,
+            stop_after_epoch=epoch if prune else None,
+            device=device,
+        )
+        for row in m.get("history", [])[-1:]:
+            if prune and row.get("validation") and m.get("best", {}).get("value") is not None:
+                value = _row_value(config, row)
+                if value is not None:
+                    trial.report(value, row["epoch"])
+                    if trial.should_prune():
+                        raise optuna.TrialPruned(f"pruned after epoch {row['epoch']}")
+        if "interrupted_after_epoch" not in m:
+            value = (m.get("best") or {}).get("value")
+            if value is None:
+                raise ValueError(f"{run_dir}: no validation value (is eval.validation set?)")
+            return float(value)
+
+
+def _row_value(config: dict, row: dict) -> float | None:
+    ev = config.get("eval") or {}
+    primary = ev.get("primary_metric", "mean_average_precision_at_r")
+    first = next(iter(row["validation"].values()), {})
+    value = first.get(primary)
+    return None if value is None else float(value)
+
+
+def run_trials(job: TuneJob, worker: int = 0) -> int:
+    """Add trials to the method's study until it holds ``job.trials``; returns how many this
+    process ran. Failures are recorded, never raised."""
+    study = open_study(job, worker)
+    space = check_tune_config(job.config, job.method)
+    ran = 0
+    while True:
+        with ask_lock(job, study):
+            if len(study.get_trials(deepcopy=False)) >= job.trials:
+                return ran
+            trial = study.ask()
+            run_dir = job.out_dir / slug(job.method) / f"trial{trial.number}"
+            trial.set_user_attr("run_dir", str(run_dir))
+            trial.set_user_attr("host", socket.gethostname())
+        params = {p.path: suggest(trial, p) for p in space.values()}
+        config = trial_config(job, params, trial.number)
+        t0 = time.perf_counter()
+        value, state, error = None, TrialState.COMPLETE, None
+        try:
+            value = train_trial(trial, config, run_dir, job.device)
+        except optuna.TrialPruned:
+            state = TrialState.PRUNED
+        except Exception as e:  # noqa: BLE001 -- one failing trial must not stop the study
+            state, error = TrialState.FAIL, f"{type(e).__name__}: {e}"
+            LOGGER.error("[%s] trial %d failed: %s", job.method, trial.number, error)
+            trial.set_user_attr("error", error[:2000])
+        trial.set_user_attr("wall_seconds", time.perf_counter() - t0)
+        exhausted = False
+        try:
+            study.tell(trial, value, state=state)
+        except RuntimeError as e:
+            # Grid/BruteForce samplers call study.stop() once their space is exhausted; the
+            # trial is recorded all the same (Optuna saves its state in a ``finally``).
+            if "Study.stop" not in str(e):
+                raise
+            exhausted = True
+        ran += 1
+        LOGGER.info(trial_line(job.method, study, trial.number, value, state.name.lower()))
+        if exhausted:
+            LOGGER.info("[%s] the sampler's space is exhausted; no further trial", job.method)
+            return ran
+
+
+def trial_line(method: str, study: optuna.Study, number: int, value, state: str) -> str:
+    """``[plugin FastAP] trial 3: 0.5123 (complete); best 0.5300 (trial 1)``."""
+    shown = f"{value:.4f}" if value is not None else "-"
+    try:
+        best = study.best_trial
+        best_text = f"best {best.value:.4f} (trial {best.number})"
+    except ValueError:
+        best_text = "no complete trial yet"
+    return f"[{method}] trial {number}: {shown} ({state}); {best_text}"
+
+
+def _worker(job: TuneJob, worker: int, num_threads: int, registered: dict) -> int:
+    torch.set_num_threads(num_threads)
+    for name, obj in registered.items():
+        registry.register(name, obj, override=True)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("PML").setLevel(logging.WARNING)
+    return run_trials(job, worker)
+
+
+def tune(
+    configs: Mapping[str, dict],
+    out_dir: str | Path,
+    trials: int | None = None,
+    storage: str | None = None,
+    jobs: int = 1,
+    device: str | None = None,
+) -> tuple[dict, dict]:
+    """Tune every method of ``configs`` (``{method: config}``).
+
+    ``trials`` overrides each config's ``tune.trials`` (every method gets the same number either
+    way when they come from one config). ``jobs`` worker processes work on each study in turn.
+    Returns ``({"storage", "methods": {method: study_summary}}, {method: optuna.Study})``; the
+    files are written by :func:`pml_rank_plugins.reporting.tune_report.run_tune`.
+    """
+    if distributed.launched_by_torchrun():
+        raise ConfigError(
+            "tune runs its own worker processes (--jobs); do not start it with torchrun"
+        )
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    out_dir = Path(out_dir)
+    url = storage or default_storage(out_dir)
+    budgets = {}
+    for method, cfg in configs.items():
+        check_tune_config(cfg, method)
+        budgets[method] = int(trials or tune_section(cfg)["trials"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results, studies = {}, {}
+    for method, cfg in configs.items():
+        job = TuneJob(method, copy.deepcopy(cfg), budgets[method], url, out_dir, device)
+        study = open_study(job)
+        for number in fail_interrupted_trials(study):
+            LOGGER.warning("[%s] trial %d was interrupted; marked failed", method, number)
+        t0 = time.perf_counter()
+        if jobs == 1:
+            run_trials(job)
+        else:
+            ctx = mp.get_context("spawn")
+            shared = (torch.get_num_threads(), dict(registry._USER))  # noqa: SLF001
+            with cf.ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
+                for fut in [ex.submit(_worker, job, k, *shared) for k in range(jobs)]:
+                    fut.result()
+        results[method] = study_summary(open_study(job), time.perf_counter() - t0, cfg)
+        studies[method] = open_study(job)
+    return {"storage": public_url(url), "methods": results}, studies
+
+
+def study_summary(study: optuna.Study, wall_seconds: float, config: Mapping) -> dict:
+    """One method's entry of ``tune.json``: ``best_params`` (key path -> value), ``best_value``,
+    ``best_trial``, ``n_trials`` (every trial: complete + pruned + failed + running),
+    ``states`` (count per state), ``wall_seconds`` (this call), ``seed`` (every trial's)."""
+    trials = study.get_trials(deepcopy=False)
+    states: dict[str, int] = {}
+    for t in trials:
+        states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    best = max(complete, key=lambda t: t.value) if complete else None
+    return {
+        "best_params": dict(best.params) if best else None,
+        "best_value": best.value if best else None,
+        "best_trial": best.number if best else None,
+        "n_trials": len(trials),
+        "states": states,
+        "wall_seconds": wall_seconds,
+        "seed": int(config.get("seed", 0)),
+    }
+
+
+def load_tuned(tune_dir: str | Path) -> dict:
+    """``tune.json`` of a finished ``pml-rank tune`` (ConfigError naming the file if missing)."""
+    path = Path(tune_dir) / TUNE_FILE
+    if not path.is_file():
+        raise ConfigError(
+            f"--tuned {tune_dir}: no {TUNE_FILE} there (give the --out of a tune run)"
+        )
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from e
+
+
+def apply_tuned(configs: Mapping[str, dict], tuned: Mapping) -> dict[str, dict]:
+    """Each method's config with its ``best_params`` set, on seeds after the tuning seed (fresh:
+    trials all train with the config's seed). A method without a complete trial is an error."""
+    out = {}
+    for method, cfg in configs.items():
+        entry = (tuned.get("methods") or {}).get(method)
+        if entry is None:
+            raise ConfigError(
+                f"--tuned: method {method!r} was not tuned (have {list(tuned.get('methods') or {})})"
+            )
+        if entry.get("best_params") is None:
+            raise ConfigError(f"--tuned: method {method!r} has no complete trial")
+        new = apply_params(cfg, entry["best_params"])
+        new["seed"] = int(entry.get("seed", cfg.get("seed", 0))) + 1
+        out[method] = new
+    return out
+
+
+os.environ.setdefault("OPTUNA_DISABLE_PROGRESS_BAR", "1")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
