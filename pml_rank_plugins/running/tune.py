@@ -137,8 +137,18 @@ def open_study(job: TuneJob, worker: int = 0) -> optuna.Study:
     )
 
 
+_ENGINES: dict[str, sqlalchemy.engine.Engine] = {}
+
+
+def _lock_engine(url: str) -> sqlalchemy.engine.Engine:
+    """One engine per storage URL and process, for the advisory lock's connection."""
+    if url not in _ENGINES:
+        _ENGINES[url] = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    return _ENGINES[url]
+
+
 @contextlib.contextmanager
-def ask_lock(job: TuneJob, study: optuna.Study) -> Iterator[None]:
+def ask_lock(job: TuneJob) -> Iterator[None]:
     """Serialize "count the trials, then ask one" across processes (file lock in ``OUT``) and,
     with PostgreSQL, across machines (advisory lock keyed by the study name)."""
     job.out_dir.mkdir(parents=True, exist_ok=True)
@@ -147,8 +157,7 @@ def ask_lock(job: TuneJob, study: optuna.Study) -> Iterator[None]:
         try:
             if job.storage.startswith("postgresql"):
                 key = zlib.crc32(job.method.encode())
-                engine = study._storage.engine  # noqa: SLF001 -- the RDB storage's engine
-                with engine.connect() as conn:
+                with _lock_engine(job.storage).connect() as conn:
                     conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
                     try:
                         yield
@@ -241,7 +250,7 @@ def run_trials(job: TuneJob, worker: int = 0) -> int:
     space = check_tune_config(job.config, job.method)
     ran = 0
     while True:
-        with ask_lock(job, study):
+        with ask_lock(job):
             if len(study.get_trials(deepcopy=False)) >= job.trials:
                 return ran
             trial = study.ask()

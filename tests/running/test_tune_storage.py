@@ -1,0 +1,163 @@
+"""``tune`` storage: a real PostgreSQL server shared by two workers, and a killed tune resumed.
+
+The PostgreSQL test starts a private server (``initdb`` + ``pg_ctl``) in a temporary folder on a
+free local port, as the unprivileged ``postgres`` user when run as root (``initdb`` refuses
+root), and stops it afterwards. It is skipped, with the reason, where the binaries are missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from pml_rank_plugins.reporting.tune_report import run_tune
+from pml_rank_plugins.running import tune as tuning
+from tests.running.test_tune import glyph_config
+
+PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def as_pg_user(args: list[str]) -> list[str]:
+    """``args`` run as ``postgres`` when we are root (initdb and postgres refuse root)."""
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *args]
+    return args
+
+
+@pytest.fixture
+def postgres():
+    if not (PG_BIN / "initdb").exists() or not (PG_BIN / "pg_ctl").exists():
+        pytest.skip(f"PostgreSQL binaries not found in {PG_BIN} (set PG_BIN)")
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        pytest.skip("running as root without runuser: cannot start postgres unprivileged")
+    # pytest's tmp folders are private to root; the server runs as postgres and needs its own
+    base = Path(tempfile.mkdtemp(prefix="pml-rank-pg-"))
+    data = base / "data"
+    if os.geteuid() == 0:
+        shutil.chown(base, "postgres")
+    port = free_port()
+    subprocess.run(
+        as_pg_user([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"]),
+        check=True,
+        capture_output=True,
+    )
+    opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1"
+    log = base / "log"
+    subprocess.run(
+        as_pg_user(
+            [str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(log), "-w", "start"]
+        ),
+        check=True,
+        capture_output=True,
+    )
+    try:
+        subprocess.run(
+            as_pg_user(
+                [
+                    str(PG_BIN / "createdb"),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-U",
+                    "postgres",
+                    "tune",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+        )
+        yield f"postgresql://postgres:s3cret@127.0.0.1:{port}/tune"
+    finally:
+        subprocess.run(
+            as_pg_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
+            capture_output=True,
+        )
+        shutil.rmtree(base, ignore_errors=True)  # the folder this fixture created
+
+
+def contrastive_only(**kw) -> dict:
+    cfg = glyph_config(**kw)
+    cfg["methods"].pop("plugin FastAP")
+    return cfg
+
+
+def test_postgresql_study_shared_by_two_workers(postgres, tmp_path):
+    summary = run_tune([contrastive_only()], tmp_path / "t", trials=4, storage=postgres, jobs=2)
+    s = summary["methods"]["PML Contrastive"]
+    assert s["n_trials"] == 4 and s["states"] == {"complete": 4}
+    assert "s3cret" not in (tmp_path / "t" / "tune.json").read_text()  # password removed
+    assert summary["storage"].startswith("postgresql://postgres:***@127.0.0.1")
+    study = optuna.load_study(study_name="PML Contrastive", storage=postgres)
+    assert sorted(t.number for t in study.get_trials()) == [0, 1, 2, 3]
+    assert not (tmp_path / "t" / "tune.db").exists()  # nothing went to the default SQLite
+
+
+SLOW_TUNE = textwrap.dedent("""
+    import sys
+    from pml_rank_plugins.reporting.tune_report import run_tune
+    from tests.running.test_tune import glyph_config
+    cfg = glyph_config(epochs=40)
+    cfg["methods"].pop("plugin FastAP")
+    run_tune([cfg], sys.argv[1], trials=2)
+    """)
+
+
+def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
+    out = tmp_path / "t"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_TUNE, str(out)],
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 120
+        while not (out / "PML_Contrastive" / "trial0" / "checkpoints" / "latest.pt").exists():
+            assert time.time() < deadline, "the first trial never wrote a checkpoint"
+            assert proc.poll() is None, "the tune process ended early"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    storage = tuning.default_storage(out)
+    running = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
+    assert [t.state for t in running] == [TrialState.RUNNING]
+
+    cfg = contrastive_only()  # 2 epochs: the rest of the budget is quick
+    summary = run_tune([cfg], out, trials=3)
+    trials = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert summary["methods"]["PML Contrastive"]["n_trials"] == 3
+    # new trials got new folders; the interrupted trial's folder was not reused
+    assert sorted(p.name for p in (out / "PML_Contrastive").iterdir()) == [
+        "trial0",
+        "trial1",
+        "trial2",
+    ]
+    assert not (out / "PML_Contrastive" / "trial0" / "metrics.json").exists()
+    assert (
+        json.loads((out / "PML_Contrastive" / "trial1" / "metrics.json").read_text())["status"]
+        == "finished"
+    )
