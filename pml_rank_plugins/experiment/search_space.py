@@ -18,8 +18,8 @@ the class of the enclosing object spec accepts. Every mistake is a :class:`Confi
 key: an unknown kind, ``low > high``, ``log`` with ``low <= 0``, an ``int`` range with non-integer
 bounds, an empty or non-scalar ``choice``, a key path the config does not have.
 
-Cost: O(size of the config) per key. Nothing here imports Optuna; the samplers and pruners are
-resolved by name in :mod:`pml_rank_plugins.running.tune`.
+Cost: O(size of the config) per key. ``tune.sampler`` and ``tune.pruner`` name classes of
+``optuna.samplers`` and ``optuna.pruners`` only (:func:`optuna_object`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import copy
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+import optuna
 
 from . import registry
 from .schema import ConfigError, apply_set, is_object_spec
@@ -199,3 +201,29 @@ def apply_params(config: Mapping, params: Mapping[str, Any]) -> dict:
     for path, value in params.items():
         apply_set(out, path.split("."), copy.deepcopy(value))
     return out
+
+
+def optuna_object(spec: Any, module: Any, where: str) -> Any:
+    """``{ClassName: kwargs}`` (or ``None``) -> an instance of ``module.ClassName``, for the
+    ``tune.sampler`` (``optuna.samplers``) and ``tune.pruner`` (``optuna.pruners``) slots only."""
+    if spec is None:
+        return None
+    name, kwargs = (spec, {}) if isinstance(spec, str) else next(iter(spec.items()))
+    cls = getattr(module, str(name), None)
+    if not isinstance(cls, type) or name.startswith("Base"):
+        names = sorted(n for n in dir(module) if n[0].isupper() and not n.startswith("Base"))
+        raise ConfigError(f"{where}: {name!r} is not one of {module.__name__}: {names}")
+    try:
+        return cls(**(kwargs or {}))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {name}: {e}") from e
+
+
+def check_tune_config(config: Mapping, method: str) -> dict[str, Param]:
+    """Everything ``tune`` needs from one method's config, checked: the space (key paths that
+    exist), the trial count, the sampler and the pruner. Returns the space."""
+    space = method_space(config, method)
+    section = tune_section(config, f"method {method!r}: tune")
+    optuna_object(section["sampler"], optuna.samplers, f"method {method!r}: tune.sampler")
+    optuna_object(section["pruner"], optuna.pruners, f"method {method!r}: tune.pruner")
+    return space

@@ -50,7 +50,13 @@ from ..experiment import registry
 from ..experiment.methods import slug
 from ..experiment.mlrc import is_mlrc
 from ..experiment.schema import ConfigError
-from ..experiment.search_space import Param, apply_params, method_space, tune_section
+from ..experiment.search_space import (
+    Param,
+    apply_params,
+    check_tune_config,
+    optuna_object,
+    tune_section,
+)
 from . import distributed, run_folder, runner
 
 LOGGER = logging.getLogger(__name__)
@@ -92,31 +98,6 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
         raise ConfigError(f"--storage {public_url(url)}: {type(e).__name__}: {e}") from e
 
 
-def _optuna_object(spec: Any, module: Any, where: str) -> Any:
-    """``{ClassName: kwargs}`` (or ``None``) -> an instance of ``module.ClassName``."""
-    if spec is None:
-        return None
-    name, kwargs = (spec, {}) if isinstance(spec, str) else next(iter(spec.items()))
-    cls = getattr(module, str(name), None)
-    if not isinstance(cls, type) or name.startswith("Base"):
-        names = sorted(n for n in dir(module) if n[0].isupper() and not n.startswith("Base"))
-        raise ConfigError(f"{where}: {name!r} is not one of {module.__name__}: {names}")
-    try:
-        return cls(**(kwargs or {}))
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {name}: {e}") from e
-
-
-def check_tune_config(config: Mapping, method: str) -> dict[str, Param]:
-    """Everything ``tune`` needs from one method's config, checked: the space (key paths that
-    exist), the trial count, the sampler and the pruner. Returns the space."""
-    space = method_space(config, method)
-    section = tune_section(config, f"method {method!r}: tune")
-    _optuna_object(section["sampler"], optuna.samplers, f"method {method!r}: tune.sampler")
-    _optuna_object(section["pruner"], optuna.pruners, f"method {method!r}: tune.pruner")
-    return space
-
-
 def open_study(job: TuneJob, worker: int = 0) -> optuna.Study:
     """Create or load the method's study in ``job.storage``. Worker ``k`` of ``--jobs`` adds
     ``k`` to the sampler's ``seed`` (equal seeds would make every worker draw the same values)."""
@@ -131,8 +112,8 @@ def open_study(job: TuneJob, worker: int = 0) -> optuna.Study:
         study_name=job.method,
         direction="maximize",
         load_if_exists=True,
-        sampler=_optuna_object(sampler, optuna.samplers, "tune.sampler"),
-        pruner=_optuna_object(section["pruner"], optuna.pruners, "tune.pruner")
+        sampler=optuna_object(sampler, optuna.samplers, "tune.sampler"),
+        pruner=optuna_object(section["pruner"], optuna.pruners, "tune.pruner")
         or optuna.pruners.NopPruner(),
     )
 
