@@ -7,6 +7,8 @@ pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--reference 
 pml-rank sweep CONFIG --method NAME --grid KEY=V1,V2 [--grid ...] [--seeds N] [--out DIR]
     [--resume|--overwrite]
 pml-rank check CONFIG... [--data-root DIR] [--set key=value ...]   # build everything, no training
+pml-rank tune CONFIG [--methods A,B] [--trials N] [--storage URL] [--jobs K] [--out DIR]
+pml-rank compare CONFIG --tuned DIR [--seeds S]   # the tuned methods on fresh seeds
 pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to (exit 1: none)
 Every command that reads configs or run folders takes --data-root DIR (default $PML_RANK_DATA),
 --device (cpu, cuda, cuda:N, mps) and --allow-module MODULE; train/compare/sweep/check take --set.
@@ -21,7 +23,6 @@ folder), 2 a config or command-line mistake. ``-v`` shows PML's log and full tra
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -29,204 +30,11 @@ import re
 import sys
 from pathlib import Path
 
+from .cli_args import DEVICE_FORMS, build_parser
+
 # Only the standard library at module level: `--help` and argument errors answer without importing
 # torch, PML, scipy or matplotlib (seconds); the commands import the subpackages when they run.
 
-DEVICE_FORMS = "cpu, cuda, cuda:N or mps"
-CONFIG_HELP = "YAML file or shipped config name, e.g. default, omniglot or configs/default.yaml"
-CONFIGS_HELP = "YAML files or shipped config names, e.g. default or ablations/fastap_bins"
-
-EPILOG = """examples:
-  pml-rank compare default --out runs/default           # shipped config, every method
-  pml-rank train configs/default.yaml --method "plugin FastAP" --out runs/fastap
-  pml-rank train default --method "plugin FastAP" --out runs/fastap --resume \\
-      --set trainer.num_epochs=12                         # extend a finished run
-  pml-rank eval runs/fastap --which latest
-  pml-rank list FastAP
-"""
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="pml-rank",
-        description=__doc__.split("\n")[0],
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "-v", "--verbose", action="store_true", help="log PML's INFO messages and full tracebacks"
-    )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def add_common(sp):
-        sp.add_argument(
-            "--set",
-            dest="overrides",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a config value (dotted path, YAML value), repeatable, e.g. "
-            "--set trainer.num_epochs=2 --set 'optimizers.trunk_optimizer={Adam: {lr: 1e-4}}'",
-        )
-        add_device(sp)
-        add_data_root(sp)
-
-    def add_device(sp):
-        sp.add_argument(
-            "--device",
-            default=None,
-            help=f"torch device ({DEVICE_FORMS}), e.g. --device cuda:0 (default: the config's)",
-        )
-
-    def add_data_root(sp):
-        sp.add_argument(
-            "--data-root",
-            default=None,
-            metavar="DIR",
-            help="folder that relative dataset roots and weights paths start from, e.g. "
-            "--data-root /data (CUB at /data/CUB_200_2011); default $PML_RANK_DATA",
-        )
-        # Loading configs or run folders resolves class names: this widens what may be imported.
-        sp.add_argument(
-            "--allow-module",
-            action="append",
-            default=[],
-            metavar="MODULE",
-            help="let configs name classes from this module (repeatable), e.g. "
-            "--allow-module my_project.losses",
-        )
-
-    def add_methods(sp):
-        sp.add_argument(
-            "--methods",
-            default=None,
-            help='comma-separated subset of method names, e.g. --methods "PML FastAP,plugin FastAP"',
-        )
-
-    def add_overwrite(sp):
-        sp.add_argument(
-            "--overwrite",
-            action="store_true",
-            help="replace what a run folder already holds (otherwise refused unless --resume)",
-        )
-
-    t = sub.add_parser(
-        "train",
-        help="train one config (every method in it, or --method), e.g. pml-rank train default",
-    )
-    t.add_argument("config", help=CONFIG_HELP)
-    t.add_argument(
-        "--out",
-        default=None,
-        help="run folder, e.g. --out runs/fastap (default runs/<config stem>; one sub-folder "
-        "per method when several are trained)",
-    )
-    t.add_argument(
-        "--method", default=None, help='train only this method, e.g. --method "plugin FastAP"'
-    )
-    t.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from checkpoints/latest.pt; the config may only change the budget "
-        "(--set trainer.num_epochs=12 extends a finished run)",
-    )
-    add_overwrite(t)
-    add_common(t)
-
-    e = sub.add_parser(
-        "eval",
-        help="evaluate a run folder's best (or latest) checkpoint, e.g. pml-rank eval runs/x",
-    )
-    e.add_argument("run_dir", help="the --out of a train run, e.g. runs/fastap")
-    e.add_argument(
-        "--which",
-        default="best",
-        choices=["best", "latest"],
-        help="checkpoint to evaluate, e.g. --which latest (default best)",
-    )
-    add_device(e)
-    add_data_root(e)
-
-    def add_stats(sp, what):
-        sp.add_argument(
-            "--reference",
-            default=None,
-            metavar="NAME",
-            help=f"the {what} the others are compared with, paired by seed (default: the first),"
-            + (' e.g. --reference "PML FastAP"' if what == "method" else " e.g. num_bins=10"),
-        )
-        sp.add_argument(
-            "--jobs",
-            type=int,
-            default=1,
-            metavar="K",
-            help="run K trainings at once in worker processes (one GPU each, round robin, when"
-            " several are visible); results equal --jobs 1, e.g. --jobs 2",
-        )
-
-    c = sub.add_parser(
-        "compare",
-        help="methods x seeds -> table with 95%% CIs, paired tests, plots, e.g. "
-        "pml-rank compare default",
-    )
-    c.add_argument("configs", nargs="+", help=CONFIGS_HELP)
-    c.add_argument("--seeds", type=int, default=1, help="seeds per method, e.g. --seeds 3")
-    c.add_argument("--out", default="runs/compare", help="output folder, e.g. --out runs/default")
-    add_methods(c)
-    c.add_argument(
-        "--resume",
-        action="store_true",
-        help="reuse finished runs, continue interrupted ones, retry failed ones and rewrite the"
-        " tables (re-summarizes without retraining)",
-    )
-    add_overwrite(c)
-    add_stats(c, "method")
-    add_common(c)
-
-    k = sub.add_parser(
-        "check",
-        help="build every object of every method without training, e.g. "
-        "pml-rank check benchmarks/mlrc_cub200 --data-root /data",
-    )
-    k.add_argument("configs", nargs="+", help=CONFIGS_HELP)
-    add_methods(k)
-    add_common(k)
-
-    sw = sub.add_parser(
-        "sweep",
-        help="one method over a grid of overrides x seeds -> table, plots, e.g. "
-        'pml-rank sweep default --method "plugin FastAP" --grid trainer.batch_size=32,64',
-    )
-    sw.add_argument("config", help=CONFIG_HELP)
-    sw.add_argument(
-        "--method",
-        default=None,
-        help='the config\'s method to sweep (needed when it has several), e.g. "plugin FastAP"',
-    )
-    sw.add_argument(
-        "--grid",
-        action="append",
-        default=[],
-        required=True,
-        metavar="KEY=V1,V2,...",
-        help="a config key and its values (YAML, like --set); repeat for a Cartesian grid, e.g."
-        " --grid loss_funcs.metric_loss.num_bins=5,10,20 --grid trainer.batch_size=32,64",
-    )
-    sw.add_argument(
-        "--seeds", type=int, default=1, help="seeds per cell (the same for every cell), e.g. 3"
-    )
-    sw.add_argument("--out", default="runs/sweep", help="output folder, e.g. runs/bins")
-    sw.add_argument(
-        "--resume", action="store_true", help="skip finished runs, continue interrupted ones"
-    )
-    add_overwrite(sw)
-    add_stats(sw, "cell")
-    add_common(sw)
-
-    ls = sub.add_parser("list", help="list resolvable names, e.g. pml-rank list FastAP")
-    what = "show names or targets containing it (any case), e.g. FastAP"
-    ls.add_argument("substring", nargs="?", default="", help=what)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     try:
         try:
-            args = _parser().parse_args(argv)  # --help exits here, before torch is imported
+            args = build_parser().parse_args(argv)  # --help exits here, before torch is imported
         finally:
             sys.stdout.flush()
     except BrokenPipeError:
@@ -367,7 +175,7 @@ def _methods(args) -> list[str] | None:
 
 def _run(args) -> int:
     from .experiment import check_configs, check_methods, collect_methods, slug
-    from .reporting import markdown_table, prepare_sweep, run_comparison, run_sweep
+    from .reporting import markdown_table, prepare_sweep, run_comparison, run_sweep, run_tune
     from .running import evaluate, is_main_process, train
 
     if args.command == "train":
@@ -395,7 +203,12 @@ def _run(args) -> int:
             raise _BadConfig(f"--reference {args.reference!r}: not one of {list(configs)}")
         _load(check_methods, configs)  # fail fast, before the first run
         summary = run_comparison(
-            paths, args.out, methods=methods, data_root=data_root, **_pick(args, RUN_OPTIONS)
+            paths,
+            args.out,
+            methods=methods,
+            data_root=data_root,
+            tuned=args.tuned,
+            **_pick(args, RUN_OPTIONS),
         )
         if is_main_process():  # torchrun: one report, from rank 0
             print(markdown_table(summary))
@@ -413,6 +226,24 @@ def _run(args) -> int:
         print(markdown_table(summary, "cell"))
         print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
         return _report_failures(summary)
+    elif args.command == "tune":
+        (path,) = _config_paths([args.config])
+        if args.jobs < 1 or (args.trials is not None and args.trials < 1):
+            raise _BadArgument("--jobs and --trials must be >= 1")
+        summary = run_tune(
+            [path],
+            args.out,
+            trials=args.trials,
+            storage=args.storage,
+            jobs=args.jobs,
+            device=args.device,
+            overrides=args.overrides,
+            methods=_methods(args),
+            data_root=_data_root(args),
+        )
+        print((Path(args.out) / "tune.md").read_text(), end="")
+        failed = sum(s["states"].get("fail", 0) for s in summary["methods"].values())
+        print(f"outputs in {args.out}; {failed} failed trial(s)")
     elif args.command == "check":
         paths = [str(p) for p in _config_paths(args.configs)]
         lines = _load(

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from pml_rank_plugins.cli import _parser, main
+from pml_rank_plugins.cli import main
+from pml_rank_plugins.cli_args import build_parser as _parser
 from pml_rank_plugins.experiment.schema import dump_yaml
 from tests.tiny import tiny_config
 

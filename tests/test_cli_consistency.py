@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from pml_rank_plugins.cli import _parser, main
+from pml_rank_plugins.cli import main
+from pml_rank_plugins.cli_args import build_parser as _parser
 from tests.data.conftest import shared_dir
 
 DATA_ROOT = shared_dir() / "data"  # the repository's data root: ../shared/data

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pml_rank_plugins.cli import _parser
+from pml_rank_plugins.cli_args import build_parser as _parser
 from pml_rank_plugins.experiment import builder, registry
 from pml_rank_plugins.experiment.schema import (
     TOP_LEVEL_KEYS,

@@ -3,7 +3,8 @@
 ``compare`` trains every method x seed (through :mod:`pml_rank_plugins.running`) and writes the
 outputs, ``sweep`` does the same over a grid of overrides, ``summary`` turns run results into
 rows with 95% CIs and paired tests (``statistics``), ``tables`` and ``plots`` write them, and
-``retrieval`` draws the retrieval pictures.
+``retrieval`` draws the retrieval pictures and ``tune_report`` runs ``pml-rank tune`` and
+writes its outputs.
 
 Import direction: imports :mod:`pml_rank_plugins.running` and
 :mod:`pml_rank_plugins.experiment`; nothing in the package imports it except the CLI.
@@ -16,6 +17,7 @@ from .statistics import describe_runs, paired_difference, t_interval
 from .summary import load_run_dirs, primary_metric, summarize, summarize_dir, write_outputs
 from .sweep import parse_grid, prepare_sweep, run_sweep
 from .tables import markdown_table, metric_label, write_csv
+from .tune_report import run_tune
 
 __all__ = [
     "compute_retrieval",
@@ -29,6 +31,7 @@ __all__ = [
     "primary_metric",
     "run_comparison",
     "run_sweep",
+    "run_tune",
     "summarize",
     "summarize_dir",
     "t_interval",

@@ -29,6 +29,7 @@ from typing import Iterable, Mapping, Sequence
 from ..experiment.methods import check_methods, collect_methods
 from ..running import distributed
 from ..running.pool import Job, execute, is_failed, make_jobs
+from ..running.tune import apply_tuned, load_tuned
 from . import retrieval
 from .summary import primary_metric, summarize, write_outputs
 
@@ -48,6 +49,7 @@ def run_comparison(
     pictures: bool = True,
     overwrite: bool = False,
     data_root: str | None = None,
+    tuned: str | Path | None = None,
 ) -> dict:
     """Train every method with seeds ``seed, seed+1, ...``; write tables, plots and pictures.
 
@@ -57,10 +59,14 @@ def run_comparison(
     otherwise a folder holding an earlier run is refused unless ``overwrite``. ``data_root``: the
     configs' ``data_root`` (``--data-root``; a ``--set data_root=...`` wins). Returns the summary
     dict (see :func:`.summary.summarize`); ``summary["failed"]`` lists failed runs (the CLI then
-    exits non-zero).
+    exits non-zero). ``tuned``: the ``--out`` of a ``pml-rank tune`` run; every method is
+    retrained with its ``best_params`` on fresh seeds (after the tuning seed), and
+    ``summary["tuned_from"]`` records the folder.
     """
     out_dir = Path(out_dir)
     selected = collect_methods(configs, overrides, methods, data_root)
+    if tuned is not None:
+        selected = apply_tuned(selected, load_tuned(tuned))
     if reference is not None and reference not in selected:
         raise ValueError(f"--reference {reference!r}: not one of the methods {list(selected)}")
     check_methods(selected)
@@ -73,6 +79,10 @@ def run_comparison(
     summary["total_wall_seconds"] = time.perf_counter() - t_all
     summary["seeds"] = seeds
     summary["jobs"] = jobs
+    if tuned is not None:
+        summary["tuned_from"] = str(tuned)
+        entries = load_tuned(tuned)["methods"]
+        summary["tuned_params"] = {m: entries[m]["best_params"] for m in selected}
     if distributed.is_main_process():  # under torchrun: rank 0 writes
         if pictures:
             summary["pictures"] = write_pictures(results, all_jobs, device)

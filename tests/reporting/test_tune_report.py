@@ -1,0 +1,77 @@
+"""``pml-rank tune`` and ``compare --tuned`` through the CLI, and the tune outputs."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from pml_rank_plugins.cli import main
+from pml_rank_plugins.experiment.schema import load_yaml
+from pml_rank_plugins.reporting.tune_report import markdown
+from tests.running.test_tune import glyph_config
+
+
+def write(path, config) -> str:
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def test_tune_then_compare_tuned_uses_the_best_parameters_on_fresh_seeds(tmp_path, capsys):
+    cfg = glyph_config()
+    cfg["methods"].pop("PML Contrastive")
+    path = write(tmp_path / "c.yaml", cfg)
+    assert main(["tune", path, "--out", str(tmp_path / "t"), "--trials", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| plugin FastAP |" in out and "0 failed trial(s)" in out
+    tuned = json.loads((tmp_path / "t" / "tune.json").read_text())
+    best = tuned["methods"]["plugin FastAP"]["best_params"]
+    assert tuned["methods"]["plugin FastAP"]["n_trials"] == 2
+
+    args = ["compare", path, "--tuned", str(tmp_path / "t"), "--out", str(tmp_path / "c")]
+    assert main(args + ["--seeds", "2"]) == 0
+    for i in range(2):
+        run = load_yaml(tmp_path / "c" / "plugin_FastAP" / f"seed{i}" / "config.yaml")
+        opt = run["optimizers"]["trunk_optimizer"]["Adam"]["lr"]
+        bins = run["loss_funcs"]["metric_loss"]["pml_rank_plugins.FastAPLoss"]["num_bins"]
+        assert opt == best["optimizers.trunk_optimizer.lr"]
+        assert bins == best["loss_funcs.metric_loss.num_bins"]
+        assert run["seed"] == cfg["seed"] + 1 + i  # fresh: every trial trained with seed 0
+        assert "tune" not in run
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert summary["tuned_from"] == str(tmp_path / "t")
+    assert summary["tuned_params"] == {"plugin FastAP": best}
+
+
+def test_a_bad_space_exits_2_naming_the_key(tmp_path, capsys):
+    cfg = glyph_config()
+    cfg["tune"]["space"] = {"optimizers.trunk_optimizer.lr": {"float": [1.0, 0.1]}}
+    path = write(tmp_path / "c.yaml", cfg)
+    assert main(["tune", path, "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "tune.space.optimizers.trunk_optimizer.lr" in err and "low 1.0 > high 0.1" in err
+    assert not (tmp_path / "t").exists()
+
+
+def test_compare_tuned_without_a_tune_folder_exits_2(tmp_path, capsys):
+    path = write(tmp_path / "c.yaml", glyph_config())
+    assert main(["compare", path, "--tuned", str(tmp_path), "--out", str(tmp_path / "c")]) == 2
+    assert "no tune.json" in capsys.readouterr().err
+
+
+def test_markdown_counts_every_state():
+    summary = {
+        "storage": "sqlite:///x",
+        "methods": {
+            "m": {
+                "best_value": 0.5,
+                "best_trial": 2,
+                "n_trials": 4,
+                "states": {"complete": 2, "pruned": 1, "fail": 1},
+                "wall_seconds": 3.0,
+                "best_params": {"a.b": 0.001},
+            }
+        },
+    }
+    row = next(line for line in markdown(summary, "precision_at_1").splitlines() if "| m |" in line)
+    assert row == "| m | 50.00 | 2 | 4 | 2 | 1 | 1 | 3.0 | `a.b`=0.001 |"
