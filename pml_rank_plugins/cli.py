@@ -36,7 +36,6 @@ from .cli_args import DEVICE_FORMS, build_parser
 # torch, PML, scipy or matplotlib (seconds); the commands import the subpackages when they run.
 
 
-
 def main(argv: list[str] | None = None) -> int:
     """Run ``pml-rank``; ``--help`` and argparse's own errors leave through ``SystemExit``.
 
@@ -176,7 +175,14 @@ def _methods(args) -> list[str] | None:
 def _run(args) -> int:
     from .experiment import check_configs, check_methods, collect_methods, slug
     from .reporting import markdown_table, prepare_sweep, run_comparison, run_sweep, run_tune
-    from .running import evaluate, is_main_process, train
+    from .running import (
+        evaluate,
+        is_main_process,
+        named_timeouts,
+        refuse_under_torchrun,
+        repeated_logs_once,
+        train,
+    )
 
     if args.command == "train":
         methods = [args.method] if args.method else None
@@ -185,12 +191,14 @@ def _run(args) -> int:
         out = Path(args.out or Path("runs") / path.stem)
         for name, cfg in configs.items():
             run_dir = out if len(configs) == 1 else out / slug(name)
-            metrics = train(
-                cfg, run_dir, resume=args.resume, device=args.device, overwrite=args.overwrite
-            )
+            with named_timeouts():  # torchrun: a stuck rank is named, not a gloo traceback
+                metrics = train(
+                    cfg, run_dir, resume=args.resume, device=args.device, overwrite=args.overwrite
+                )
             if is_main_process():  # torchrun: one report, from rank 0
                 print(json.dumps({"run_dir": str(run_dir), "test": metrics.get("test")}, indent=2))
     elif args.command == "eval":
+        refuse_under_torchrun("eval")
         data_root = _data_root(args, env=False)  # the saved config's data_root unless given
         out = evaluate(args.run_dir, args.which, args.device, data_root=data_root)
         print(json.dumps(out, indent=2))
@@ -223,8 +231,9 @@ def _run(args) -> int:
         summary = run_sweep(
             path, args.method, args.grid, args.out, data_root=data_root, **_pick(args, RUN_OPTIONS)
         )
-        print(markdown_table(summary, "cell"))
-        print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
+        if is_main_process():  # torchrun: one report, from rank 0
+            print(markdown_table(summary, "cell"))
+            print(f"total wall time: {summary['total_wall_seconds']:.1f} s; outputs in {args.out}")
         return _report_failures(summary)
     elif args.command == "tune":
         (path,) = _config_paths([args.config])
@@ -246,9 +255,10 @@ def _run(args) -> int:
         print(f"outputs in {args.out}; {failed} failed trial(s)")
     elif args.command == "check":
         paths = [str(p) for p in _config_paths(args.configs)]
-        lines = _load(
-            check_configs, paths, args.overrides, _methods(args), args.device, _data_root(args)
-        )
+        with repeated_logs_once():  # "metric_loss has no parameters" once, with a count
+            lines = _load(
+                check_configs, paths, args.overrides, _methods(args), args.device, _data_root(args)
+            )
         for line in lines:
             print(line)
     return 0

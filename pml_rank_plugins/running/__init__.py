@@ -12,11 +12,17 @@ Import direction: imports :mod:`pml_rank_plugins.experiment`; imported by
 """
 
 from .checkpoints import CheckpointError, atomic_torch_save, choose_checkpoint, load_checkpoint
-from .distributed import barrier, is_main_process, shutdown
+from .distributed import (
+    barrier,
+    is_main_process,
+    named_timeouts,
+    refuse_under_torchrun,
+    shutdown,
+)
 from .evaluate import evaluate_run, read_run_config
 from .mlrc import evaluate_mlrc, train_mlrc
 from .nonfinite import NonFiniteCheck, NonFiniteError
-from .pool import FAILED_FILE, Job, execute, is_failed, make_jobs, run_job
+from .pool import FAILED_FILE, Job, execute, is_failed, make_jobs, repeated_logs_once, run_job
 from .run_folder import RunFolderBusy, RunFolderError
 from .runner import evaluate, train
 from .training import train_run
@@ -40,7 +46,10 @@ __all__ = [
     "is_main_process",
     "load_checkpoint",
     "make_jobs",
+    "named_timeouts",
     "read_run_config",
+    "refuse_under_torchrun",
+    "repeated_logs_once",
     "run_job",
     "shutdown",
     "train",
