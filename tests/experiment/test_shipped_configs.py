@@ -55,6 +55,11 @@ def test_shipped_config_is_a_fair_validated_comparison(name):
         loss_name, _ = spec_name_and_kwargs(cfg["loss_funcs"]["metric_loss"], method)
         assert registry.resolve(loss_name) is EXPECTED[method], method
         rest = {k: v for k, v in cfg.items() if k not in ("name", "loss_funcs", "mining_funcs")}
+        # a method's search space is its own; the tuning budget (trials, sampler, pruner) is shared
+        space = (rest.pop("tune", None) or {}).pop("space", None)
+        if "tune" in cfg:
+            assert space and all(p.startswith("loss_funcs.") for p in space), method
+            rest["tune"] = {k: v for k, v in cfg["tune"].items() if k != "space"}
         shared = rest if shared is None else shared
         assert rest == shared, f"{method}: differs from the others outside the loss/miner"
     triplet = methods["PML Triplet + miner"]["mining_funcs"]["tuple_miner"]
