@@ -69,13 +69,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _guarded(args) -> int:
     """Run a command that loads configs: config mistakes exit 2, failed runs exit 1."""
-    from . import experiment  # its registry module (allow_modules is not re-exported)
-    from .experiment import ConfigError, UnknownNameError
+    from .experiment import ConfigError, UnknownNameError, allow_modules
     from .running import NonFiniteError, RunFolderError, shutdown
 
     try:
         if args.allow_module:  # before any config or run folder is read
-            experiment.registry.allow_modules(args.allow_module)
+            allow_modules(args.allow_module)
         _check_device(args.device)
         return _run(args)
     except (BrokenPipeError, _BadConfig):

@@ -18,8 +18,17 @@ from .data_root import ENV_VAR, resolve_data_root
 from .datasets import build_splits
 from .instantiate import build_object, instantiate
 from .methods import check_methods, collect_methods, slug
-from .registry import UnknownNameError, listing, register, resolve, unregister
+from .registry import (
+    UnknownNameError,
+    allow_modules,
+    allowed_modules,
+    listing,
+    register,
+    resolve,
+    unregister,
+)
 from .schema import ConfigError, dump_yaml, load_config, load_yaml, validate
+from .search_space import check_tune_config, method_space
 from .shipped import resolve_config, shipped_configs
 
 __all__ = [
@@ -28,6 +37,8 @@ __all__ = [
     "Experiment",
     "RecallAtKAccuracyCalculator",
     "UnknownNameError",
+    "allow_modules",
+    "allowed_modules",
     "build_experiment",
     "build_object",
     "build_splits",
@@ -35,6 +46,7 @@ __all__ = [
     "check_configs",
     "check_method",
     "check_methods",
+    "check_tune_config",
     "collect_methods",
     "dump_yaml",
     "eval_settings",
@@ -44,6 +56,7 @@ __all__ = [
     "load_yaml",
     "make_accuracy_calculator",
     "make_trainer",
+    "method_space",
     "register",
     "resolve",
     "resolve_config",

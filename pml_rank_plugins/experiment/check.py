@@ -24,6 +24,7 @@ from .datasets import build_splits
 from .methods import collect_methods
 from .revisited import build_revisited, revisited_entries
 from .schema import spec_name_and_kwargs
+from .search_space import check_tune_config
 
 
 def _short(obj) -> str:
@@ -68,6 +69,8 @@ def _transforms_text(config: dict) -> str:
 def check_method(name: str, config: dict, device: str | None = None) -> str:
     """Build everything of one method; return its summary line."""
     dev = device or "cpu"
+    if config.get("tune"):  # the search space and budget `pml-rank tune` would use
+        check_tune_config(config, name, require=False)
     all_folds = mlrc.is_mlrc(config) and mlrc.mlrc_fold(config) is None
     cfg = mlrc.mlrc_fold_config(config, 0) if all_folds else copy.deepcopy(config)
     exp = builder.build_experiment(cfg, dev)

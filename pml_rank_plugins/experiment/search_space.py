@@ -170,15 +170,16 @@ def tune_section(config: Mapping, where: str = "tune") -> dict:
     }
 
 
-def method_space(config: Mapping, method: str) -> dict[str, Param]:
+def method_space(config: Mapping, method: str, require: bool = True) -> dict[str, Param]:
     """The checked space of one method's (expanded) config: every key path must exist in it.
 
-    Raises :class:`ConfigError` naming the method and the key (an empty space is an error too:
-    tuning a method needs at least one dimension).
+    Raises :class:`ConfigError` naming the method and the key; with ``require`` an empty space is
+    an error too (tuning a method needs at least one dimension; ``pml-rank check`` does not
+    require one).
     """
     where = f"method {method!r}: tune.space"
     params = tune_section(config, f"method {method!r}: tune")["space"]
-    if not params:
+    if not params and require:
         raise ConfigError(f"{where}: empty; give at least one key path to tune")
     bare = strip_tune(config)
     for path in params:
@@ -219,10 +220,11 @@ def optuna_object(spec: Any, module: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {name}: {e}") from e
 
 
-def check_tune_config(config: Mapping, method: str) -> dict[str, Param]:
+def check_tune_config(config: Mapping, method: str, require: bool = True) -> dict[str, Param]:
     """Everything ``tune`` needs from one method's config, checked: the space (key paths that
-    exist), the trial count, the sampler and the pruner. Returns the space."""
-    space = method_space(config, method)
+    exist; non-empty with ``require``), the trial count, the sampler and the pruner. Returns the
+    space."""
+    space = method_space(config, method, require)
     section = tune_section(config, f"method {method!r}: tune")
     optuna_object(section["sampler"], optuna.samplers, f"method {method!r}: tune.sampler")
     optuna_object(section["pruner"], optuna.pruners, f"method {method!r}: tune.pruner")

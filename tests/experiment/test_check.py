@@ -49,3 +49,16 @@ def test_missing_data_root_and_env_default(tmp_path, capsys, monkeypatch):
     assert "Stanford_Online_Products.zip" in err
     assert cli.main(["check", path, "--data-root", str(tmp_path / "nope")]) == 2
     assert "--data-root" in capsys.readouterr().err
+
+
+def test_check_refuses_a_bad_search_space_naming_the_key(tmp_path, capsys):
+    # issue 22: `pml-rank check` validates tune spaces too
+    cfg = load_yaml(CONFIGS / "tune_demo.yaml")
+    cfg["methods"]["PML FastAP"]["tune"]["space"]["loss_funcs.metric_loss.num_bins"] = {
+        "int": [40, 5]
+    }
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["check", str(path), "--methods", "PML FastAP"]) == 2
+    err = capsys.readouterr().err
+    assert "tune.space.loss_funcs.metric_loss.num_bins" in err and "low 40 > high 5" in err
