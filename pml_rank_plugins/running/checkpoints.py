@@ -106,7 +106,9 @@ def to_plain(value: Any, where: str = "checkpoint") -> Any:
     if isinstance(value, (set, frozenset)):
         return {TAG: "set", "items": [to_plain(v, f"{where}{{}}") for v in sorted(value)]}
     if isinstance(value, dict):
-        items = [(to_plain(k, f"{where} key"), to_plain(v, f"{where}.{k}")) for k, v in value.items()]
+        items = [
+            (to_plain(k, f"{where} key"), to_plain(v, f"{where}.{k}")) for k, v in value.items()
+        ]
         factory = getattr(value, "default_factory", None)
         if type(value) in (dict,) and all(type(k) in (str, int) and k != TAG for k, _ in items):
             return dict(items)
@@ -346,6 +348,7 @@ def load_checkpoint(path: str | Path, required: tuple[str, ...] = ("epoch",)) ->
         if "Weights only load failed" in text:
             # torch's message is many lines; its reason is the line after "WeightsUnpickler error"
             reason = text.split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
+            reason = reason.split(". ")[0]  # not torch's advice to allow-list the global
             raise CheckpointError(
                 f"{path}: refused: the file needs more than torch.load(weights_only=True) "
                 f"allows ({reason.rstrip('.')}), so loading it could run code. pml-rank writes "

@@ -13,8 +13,13 @@ from ..experiment.revisited import build_revisited, revisited_entries
 from ..experiment.schema import load_yaml
 from ..experiment.transforms import collate_for
 from ..functional.revisited import revisited_evaluate
-from .checkpoints import WEIGHTS_KEYS, check_models, choose_checkpoint, load_checkpoint
-from .checkpoints import load_state_dicts
+from .checkpoints import (
+    WEIGHTS_KEYS,
+    check_models,
+    choose_checkpoint,
+    load_checkpoint,
+    load_state_dicts,
+)
 from .run_folder import RunFolderError, write_text
 
 

@@ -189,7 +189,7 @@ def _full_save_chained(obj, f):  # what torch.save raises on a real full disk
         f.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
     except OSError:
-        raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos")  # noqa: B904
 
 
 @pytest.mark.parametrize("where", ["torch.save", "torch.save chained", "os.replace"])
@@ -246,7 +246,9 @@ registry.register("InfBNNet", InfBNNet)
 def test_R4_non_finite_buffers_are_never_saved_as_latest(tmp_path):
     run = tmp_path / "run"
     cfg = tiny_config(models={"trunk": {"InfBNNet": {"embedding_dim": 16}}})
-    with pytest.raises(NonFiniteError, match=r"after epoch 2: trunk\.bn\.running_var has NaN or inf"):
+    with pytest.raises(
+        NonFiniteError, match=r"after epoch 2: trunk\.bn\.running_var has NaN or inf"
+    ):
         runner.train(cfg, run)
     latest = load_checkpoint(run / "checkpoints" / "latest.pt")
     assert latest["epoch"] == 1  # the last good one stays
