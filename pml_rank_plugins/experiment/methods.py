@@ -21,7 +21,25 @@ from .schema import ConfigError, apply_set, expand_methods, load_config, parse_s
 
 
 def slug(name: str) -> str:
+    """The folder name of method ``name``: runs of other characters become ``_``."""
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", name).strip("_") or "method"
+
+
+def check_folders(names: Iterable[str]) -> None:
+    """Raise :class:`ConfigError` when two method names map to one run folder (:func:`slug`).
+
+    ``"FastAP a"`` and ``"FastAP_a"`` would both train into ``FastAP_a/``: the second run would be
+    refused or, resumed, report the first one's numbers.
+    """
+    seen: dict[str, str] = {}
+    for name in names:
+        folder = slug(name)
+        if folder in seen:
+            raise ConfigError(
+                f"methods {seen[folder]!r} and {name!r} both map to the run folder {folder!r} "
+                "(folder names keep only letters, digits and _.+-): rename one of them"
+            )
+        seen[folder] = name
 
 
 def collect_methods(
@@ -35,7 +53,8 @@ def collect_methods(
     Each item of ``configs`` is a YAML path or a config dict (the content a YAML file would have,
     ``methods:`` included). Only the selected methods are validated, so a subset runs even where
     another method names a class that is not installed. ``data_root`` (``--data-root``) becomes
-    every config's ``data_root`` unless an override sets ``data_root`` itself.
+    every config's ``data_root`` unless an override sets ``data_root`` itself. Selected methods
+    whose names map to one run folder raise :class:`ConfigError` (:func:`check_folders`).
     """
     if isinstance(configs, (str, Path, Mapping)):
         configs = [configs]
@@ -64,6 +83,7 @@ def collect_methods(
         if missing:
             raise ValueError(f"--methods: unknown {missing}; have {list(out)}")
         out = {m: out[m] for m in methods}
+    check_folders(out)
     for cfg in out.values():
         validate(cfg)
     return out

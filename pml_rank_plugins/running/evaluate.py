@@ -13,8 +13,14 @@ from ..experiment.revisited import build_revisited, revisited_entries
 from ..experiment.schema import load_yaml
 from ..experiment.transforms import collate_for
 from ..functional.revisited import revisited_evaluate
-from .checkpoints import choose_checkpoint, load_checkpoint, load_state_dicts
-from .run_folder import RunFolderError
+from .checkpoints import (
+    WEIGHTS_KEYS,
+    check_models,
+    choose_checkpoint,
+    load_checkpoint,
+    load_state_dicts,
+)
+from .run_folder import RunFolderError, write_text
 
 
 def strip_level(accuracies: dict) -> dict:
@@ -109,8 +115,9 @@ def evaluate_run(
     run_dir = Path(run_dir)
     config = read_run_config(run_dir, data_root)
     path = choose_checkpoint(run_dir, which)
-    ckpt = load_checkpoint(path)  # before building: a corrupt file fails in a second
+    ckpt = load_checkpoint(path, required=WEIGHTS_KEYS)  # before building: fails in a second
     exp = builder.build_experiment(config, device)
+    check_models(exp.models, ckpt["models"], path)  # wrong weights: one line, nothing loaded
     load_state_dicts(exp.models, ckpt["models"])
     ev = builder.eval_settings(config)
     entries = [e for e in list(ev["validation"] or []) + list(ev["test"] or [])]
@@ -119,5 +126,5 @@ def evaluate_run(
     out = {"checkpoint": path.name, "epoch": ckpt["epoch"]}
     out.update(run_eval(tester, exp, entries, ckpt["epoch"]))
     out.update(revisited_eval(config, exp.models, tester))
-    (run_dir / "eval.json").write_text(json.dumps(out, indent=2))
+    write_text(run_dir / "eval.json", json.dumps(out, indent=2))
     return out

@@ -4,13 +4,21 @@ The protocol (Musgrave, Belongie, Lim, ECCV 2020) and its config are described i
 :mod:`pml_rank_plugins.experiment.mlrc`. :func:`train_mlrc` trains fold k into ``RUN_DIR/fold<k>``
 (each an ordinary run of :func:`.training.train_run`), then :func:`mlrc_test` embeds the test
 splits with every fold's weights and writes ``RUN_DIR/metrics.json``.
+
+``RUN_DIR`` follows the single-run folder policy (:mod:`.run_folder`): it is locked for the whole
+call (a second MLRC train into it is refused with :class:`.run_folder.RunFolderBusy`), a used
+folder is refused unless ``--resume`` or ``--overwrite``, and ``--overwrite`` removes only what
+a run of ours wrote (:data:`MLRC_FILES` and the run outputs inside ``fold<k>`` for the config's
+folds), never other files or folders.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
-import shutil
+import logging
+import os
 import time
 from pathlib import Path
 
@@ -21,11 +29,15 @@ from ..experiment import builder
 from ..experiment.datasets import build_splits
 from ..experiment.mlrc import mlrc_fold_config, mlrc_num_folds
 from ..experiment.schema import ConfigError, dump_yaml
+from . import distributed, run_folder
 from .checkpoints import choose_checkpoint, load_models
 from .evaluate import evaluate_run, read_run_config
 from .training import load_run_config, train_run
 
+LOGGER = logging.getLogger(__name__)
 MLRC_OUTPUTS = ("concatenated", "separated")
+# What an MLRC train writes at the top of its folder (besides fold<k>/, each an ordinary run).
+MLRC_FILES = ("config.yaml", "metrics.json", "eval.json")
 
 
 def train_mlrc(
@@ -34,17 +46,73 @@ def train_mlrc(
     resume: bool = False,
     stop_after_epoch: int | None = None,
     device: str | None = None,
+    overwrite: bool = False,
 ) -> dict:
-    """Train every fold into ``run_dir/fold<k>`` then write the protocol's ``metrics.json``."""
+    """Train every fold into ``run_dir/fold<k>`` then write the protocol's ``metrics.json``.
+
+    Args:
+        config: an MLRC config (``split: {mlrc_protocol: ...}`` without ``split.fold``).
+        run_dir: the protocol's folder.
+        resume: continue: finished folds are kept, the others resume from their ``latest.pt``.
+        stop_after_epoch: stop a fold early as if interrupted (tests, budgeted runs).
+        device: overrides the config's ``device``.
+        overwrite: replace an earlier run in ``run_dir`` (only its outputs are removed).
+
+    Returns:
+        The ``metrics.json`` content (or ``{"interrupted_after_epoch", "fold"}``).
+
+    Raises:
+        RunFolderBusy: another live run holds ``run_dir``.
+        RunFolderError: ``run_dir`` holds a run and neither ``resume`` nor ``overwrite`` is set.
+    """
     run_dir = Path(run_dir)
+    with run_folder.lock(run_dir) if _is_rank0() else contextlib.nullcontext():
+        return _train_folds(config, run_dir, resume, stop_after_epoch, device, overwrite)
+
+
+def _is_rank0() -> bool:
+    """Rank 0 (or no torchrun); read from ``RANK`` because no process group exists yet."""
+    if distributed.launched_by_torchrun():
+        return os.environ["RANK"] == "0"
+    return distributed.is_main_process()
+
+
+def prepare_mlrc(run_dir: Path, num_folds: int, resume: bool, overwrite: bool) -> None:
+    """:func:`.run_folder.prepare` for an MLRC folder (call while holding its lock).
+
+    A fresh protocol run into a folder that holds :data:`MLRC_FILES` or a fold run is refused
+    (touching nothing) unless ``overwrite``; that removes :data:`MLRC_FILES` and, in each
+    ``fold<k>`` (k < ``num_folds``), only the run outputs (:data:`.run_folder.RUN_OUTPUTS`,
+    under the fold's own lock). Other files and folders (``folders_backup/``...) stay.
+    """
+    if resume:
+        return
+    folds = [run_dir / f"fold{k}" for k in range(num_folds)]
+    used = [name for name in MLRC_FILES if (run_dir / name).exists()]
+    used += [f"{f.name}: {d}" for f in folds if f.is_dir() and (d := run_folder.describe_run(f))]
+    if not used:
+        return
+    found = f"an MLRC run ({'; '.join(used)})"
+    if not overwrite:
+        raise run_folder.RunFolderError(
+            f"{run_dir} already holds {found}; pass --resume to continue it, --overwrite to "
+            "replace it, or give another --out"
+        )
+    LOGGER.warning("--overwrite: removing %s from %s", found, run_dir)
+    for fold in folds:
+        if fold.is_dir() and not fold.is_symlink():
+            with run_folder.lock(fold):
+                run_folder.prepare(fold, resume=False, overwrite=True)
+    for name in MLRC_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def _train_folds(config, run_dir: Path, resume, stop_after_epoch, device, overwrite) -> dict:
     t0 = time.perf_counter()
-    if not resume:
-        for stale in ("metrics.json", "eval.json"):
-            (run_dir / stale).unlink(missing_ok=True)
-        for old in run_dir.glob("fold*"):
-            shutil.rmtree(old, ignore_errors=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_yaml(config, run_dir / "config.yaml")
+    if _is_rank0():
+        prepare_mlrc(run_dir, mlrc_num_folds(config), resume, overwrite)
+        with run_folder.disk_full_as_error(run_dir / "config.yaml"):
+            dump_yaml(config, run_dir / "config.yaml")
     fold_metrics = []
     for k in range(mlrc_num_folds(config)):
         fold_dir = run_dir / f"fold{k}"
@@ -78,7 +146,7 @@ def train_mlrc(
         ],
         "train_seconds_this_call": time.perf_counter() - t0,
     }
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    run_folder.write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
     return metrics
 
 
@@ -94,7 +162,7 @@ def evaluate_mlrc(
     ]
     out = mlrc_test(config, run_dir, which, device, folds)
     out["folds"] = folds
-    (run_dir / "eval.json").write_text(json.dumps(out, indent=2))
+    run_folder.write_text(run_dir / "eval.json", json.dumps(out, indent=2))
     return out
 
 

@@ -10,6 +10,13 @@ Cost per iteration: one ``torch._foreach_norm`` over all gradients (one fused ke
 and dtype), one ``torch.isfinite`` over the stacked losses and norms, and one host sync for the
 resulting boolean; the per-name search only runs once something is already non-finite. A
 gradient whose norm overflows (entries around 1e19 and above in float32) counts as non-finite.
+
+Two more checks: :func:`check_weights` runs at the end of every epoch, before a checkpoint is
+written, so a model with a NaN/inf weight or buffer (e.g. an inf BatchNorm ``running_var`` after
+a learning-rate blow-up, with finite losses) is never saved as ``latest.pt``; and
+:meth:`NonFiniteCheck.watch` keeps the last embeddings so that a loss that raises on non-finite
+input (FastAP, QuantizedAP) is reported by :meth:`NonFiniteCheck.explain` as non-finite
+embeddings at that epoch and iteration.
 """
 
 from __future__ import annotations
@@ -43,7 +50,29 @@ class NonFiniteCheck:
 
     def __init__(self, chained: Callable | None = None):
         self.chained = chained
+        self.embeddings: torch.Tensor | None = None
         self.start_epoch()
+
+    def watch(self, module: torch.nn.Module) -> None:
+        """Keep ``module``'s latest output (detached: no graph is kept) for :meth:`explain`."""
+
+        def keep(_module, _inputs, output) -> None:
+            self.embeddings = output.detach() if isinstance(output, torch.Tensor) else None
+
+        module.register_forward_hook(keep)
+
+    def explain(self, error: Exception, trainer) -> None:
+        """Raise :class:`NonFiniteError` (from ``error``) if the embeddings of the iteration that
+        raised ``error`` were not finite; otherwise return (the caller re-raises ``error``)."""
+        emb = self.embeddings
+        if emb is None or bool(torch.isfinite(emb).all()):
+            return
+        bad = int((~torch.isfinite(emb)).sum())
+        raise NonFiniteError(
+            f"non-finite embeddings at {_where(trainer)}: {bad} of {emb.numel()} values are NaN "
+            f"or inf ({type(error).__name__}: {error}). The run diverged or its input is bad: "
+            "lower the learning rate (optimizers.*) or check the data"
+        ) from error
 
     def start_epoch(self) -> None:
         self.epoch_loss_sum: torch.Tensor | float = 0.0
@@ -110,3 +139,32 @@ def _norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def _finite(grads: Iterable[torch.Tensor]) -> list[bool]:
     return [bool(torch.isfinite(n).all()) for n in _norms(list(grads))]
+
+
+def check_weights(objs: dict, epoch: int) -> None:
+    """Raise :class:`NonFiniteError` naming ``epoch`` and the first non-finite weight or buffer.
+
+    Args:
+        objs: ``{name: module}`` (e.g. the models and the loss functions).
+        epoch: the epoch that produced them (for the message).
+    """
+    named = [
+        (f"{name}.{key}", t)
+        for name, module in objs.items()
+        if isinstance(module, torch.nn.Module)
+        for key, t in module.state_dict().items()
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
+    if not named:
+        return
+    # one host sync for all tensors; the per-name search only runs once something is bad
+    flags = [torch.isfinite(t).all().reshape(1) for _, t in named]
+    device = flags[0].device
+    if bool(torch.cat([f.to(device) for f in flags]).all()):
+        return
+    first = next(name for (name, _), ok in zip(named, flags) if not bool(ok))
+    raise NonFiniteError(
+        f"non-finite weights after epoch {epoch}: {first} has NaN or inf values; the model is not "
+        "saved (checkpoints/latest.pt keeps the last good epoch). Lower the learning rate "
+        "(optimizers.*) or check the data"
+    )

@@ -5,15 +5,20 @@
   holder's pid. The lock dies with its process (also on SIGKILL), so there is no stale lock to
   clean up; the ``.lock`` file itself stays (deleting it would race with a waiting run).
 * :func:`prepare` refuses to start a fresh run in a folder that already holds one (finished or
-  partial) unless ``overwrite`` is set, and then removes only the run's own outputs.
+  partial) unless ``overwrite`` is set, and then removes only the run's own outputs
+  (:data:`RUN_OUTPUTS`). A refused run touches nothing.
 * Reading checkpoints safely is :mod:`.checkpoints`' job (:func:`.checkpoints.load_checkpoint`).
-* :func:`remove_partial_writes` deletes the ``.NAME.*.tmp`` files a killed
-  ``atomic_torch_save`` leaves behind (only safe while holding the lock).
+* :func:`remove_partial_writes` deletes the ``checkpoints/.latest.pt.*.tmp`` and
+  ``checkpoints/.best.pt.*.tmp`` files a killed ``atomic_torch_save`` leaves behind, nothing else
+  (call it while holding the lock, once the run is accepted).
+* :func:`disk_full_as_error` turns a full disk while writing into one line,
+  ``No space left on device: PATH`` (:class:`DiskFullError`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -33,6 +38,48 @@ class RunFolderError(RuntimeError):
 
 class RunFolderBusy(RunFolderError):
     """Another live process holds the run folder's lock."""
+
+
+class DiskFullError(RunFolderError):
+    """The disk filled up while a run wrote ``PATH`` (message ``No space left on device: PATH``)."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` or an exception it chains is ``OSError`` ENOSPC (torch.save wraps it in
+    a ``RuntimeError: ... unexpected pos`` whose own text does not say so)."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+@contextlib.contextmanager
+def disk_full_as_error(path: str | Path) -> Iterator[None]:
+    """Raise :class:`DiskFullError` ``No space left on device: PATH`` for a full disk in the block.
+
+    Args:
+        path: the file being written (named in the message).
+    """
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as e:
+        if is_disk_full(e):
+            raise DiskFullError(f"No space left on device: {path}") from e
+        raise
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` (e.g. ``metrics.json``); a full disk is :class:`DiskFullError`."""
+    with disk_full_as_error(path):
+        Path(path).write_text(text)
 
 
 @contextlib.contextmanager
@@ -84,10 +131,19 @@ def prepare(run_dir: str | Path, resume: bool, overwrite: bool) -> None:
     """Make ``run_dir`` ready for a run (call while holding :func:`lock`).
 
     Resuming keeps everything. A fresh run into a folder with run outputs raises
-    :class:`RunFolderError` unless ``overwrite``, which removes exactly :data:`RUN_OUTPUTS`.
+    :class:`RunFolderError` (having touched nothing) unless ``overwrite``, which removes exactly
+    :data:`RUN_OUTPUTS`. Leftovers of killed writes are not removed here: call
+    :func:`remove_partial_writes` once the run is accepted.
+
+    Args:
+        run_dir: the run folder.
+        resume: the run continues the one in the folder.
+        overwrite: replace an earlier run's outputs.
+
+    Raises:
+        RunFolderError: the folder holds a run and neither ``resume`` nor ``overwrite`` is set.
     """
     run_dir = Path(run_dir)
-    remove_partial_writes(run_dir)
     if resume:
         return
     found = describe_run(run_dir)
@@ -107,10 +163,26 @@ def prepare(run_dir: str | Path, resume: bool, overwrite: bool) -> None:
             target.unlink(missing_ok=True)
 
 
+# The checkpoint files ``atomic_torch_save`` writes; its temporary files are ``.NAME.*.tmp``.
+CHECKPOINT_FILES = ("latest.pt", "best.pt")
+
+
 def remove_partial_writes(run_dir: str | Path) -> list[Path]:
-    """Delete the ``.NAME.*.tmp`` leftovers of killed atomic writes under ``run_dir``."""
-    run_dir = Path(run_dir)
-    leftovers = [p for p in run_dir.glob("**/.*.tmp") if p.is_file()]
+    """Delete the ``checkpoints/.NAME.*.tmp`` leftovers of killed checkpoint writes.
+
+    Only the temporary files of :data:`CHECKPOINT_FILES` in ``RUN_DIR/checkpoints`` are removed;
+    other hidden files of the user stay. Call it while holding :func:`lock`.
+
+    Args:
+        run_dir: the run folder.
+
+    Returns:
+        The removed files.
+    """
+    folder = Path(run_dir) / "checkpoints"
+    leftovers = [
+        p for name in CHECKPOINT_FILES for p in folder.glob(f".{name}.*.tmp") if p.is_file()
+    ]
     for p in leftovers:
         LOGGER.warning("removing %s, left by an interrupted checkpoint write", p)
         p.unlink(missing_ok=True)

@@ -35,12 +35,13 @@ def train(
     torchrun by rank 0, which alone writes files and evaluates). ``stop_after_epoch`` stops early
     as if interrupted (for tests and budgeted runs); the run can then be resumed. A non-finite
     loss or gradient raises :class:`.nonfinite.NonFiniteError`; any failure during training is
-    recorded in ``metrics.json`` (``"status": "failed"``). MLRC configs train every fold.
+    recorded in ``metrics.json`` (``"status": "failed"``). MLRC configs train every fold (same
+    folder policy: lock, refusal, ``overwrite`` removing only our outputs).
     """
     run_dir = Path(run_dir)
     config = load_run_config(config, run_dir)
     if _all_folds(config):  # one run per fold
-        return train_mlrc(config, run_dir, resume, stop_after_epoch, device)
+        return train_mlrc(config, run_dir, resume, stop_after_epoch, device, overwrite)
     return train_run(config, run_dir, resume, stop_after_epoch, device, overwrite)
 
 

@@ -31,9 +31,11 @@ from ..experiment import builder
 from ..experiment.schema import dump_yaml, load_yaml, validate
 from . import distributed, nonfinite, run_folder
 from .checkpoints import (
+    LATEST_KEYS,
     atomic_torch_save,
+    from_plain,
     load_checkpoint,
-    load_state_dicts,
+    load_models,
     make_checkpoint,
     restore_checkpoint,
     rng_state,
@@ -106,7 +108,10 @@ def _prepare(config: dict, run_dir: Path, resume: bool, overwrite: bool) -> bool
     run_folder.prepare(run_dir, resume=resuming, overwrite=overwrite or resume)
     if resuming and saved_cfg.exists():
         check_resume_config(load_yaml(saved_cfg), config, saved_cfg)
-    dump_yaml(config, saved_cfg)
+    # Accepted: only now remove what a killed write of ours left (a refused run touches nothing).
+    run_folder.remove_partial_writes(run_dir)
+    with run_folder.disk_full_as_error(saved_cfg):
+        dump_yaml(config, saved_cfg)
     return resuming
 
 
@@ -162,9 +167,11 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx) -> dict
     best = {"epoch": None, "value": None}
     start_epoch, stopped_early = 1, False
     if resuming:
-        ckpt = distributed.broadcast_object(load_checkpoint(ckpt_path) if main else None)
-        restore_checkpoint(exp, ckpt)
-        history, best = ckpt["history"], ckpt["best"]
+        ckpt = distributed.broadcast_object(
+            load_checkpoint(ckpt_path, required=LATEST_KEYS) if main else None
+        )
+        restore_checkpoint(exp, ckpt, ckpt_path)
+        history, best = from_plain(ckpt["history"]), from_plain(ckpt["best"])
         # Re-judged with the (possibly changed) patience, so a longer patience continues it.
         stopped_early = plateaued(ev["patience"], best, ckpt["epoch"])
         start_epoch = exp.num_epochs + 1 if stopped_early else ckpt["epoch"] + 1
@@ -175,6 +182,7 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx) -> dict
         record_keeper, tb_writer, hooks = make_logging(run_dir, primary, val_split, resuming)
         tester = builder.build_tester(config, exp.device, hooks.end_of_testing_hook)
     check = nonfinite.NonFiniteCheck(chained=hooks.end_of_iteration_hook if main else None)
+    check.watch(exp.models["embedder"])  # the embeddings the losses get
     trainer = builder.make_trainer(exp, end_of_iteration_hook=check)
 
     epoch = start_epoch
@@ -184,7 +192,15 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx) -> dict
             if hasattr(exp.sampler, "set_epoch"):
                 exp.sampler.set_epoch(epoch)
             check.start_epoch()
-            trainer.train(start_epoch=epoch, num_epochs=epoch)
+            try:
+                trainer.train(start_epoch=epoch, num_epochs=epoch)
+            except nonfinite.NonFiniteError:
+                raise
+            except Exception as e:  # a loss refusing non-finite embeddings: say where
+                check.explain(e, trainer)
+                raise
+            # before validation and any checkpoint: a non-finite model is never saved
+            nonfinite.check_weights({**exp.models, **exp.loss_funcs}, epoch)
             row: dict[str, Any] = {"epoch": epoch, "train_loss": check.mean_loss()}
             if val_entries and (epoch % int(ev["test_interval"]) == 0 or epoch == exp.num_epochs):
                 row["validation"] = distributed.broadcast_object(
@@ -251,7 +267,7 @@ def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx)
     val_entries = [e for e in list(ev["validation"] or []) if split_name(e) in exp.datasets]
     test_entries = list(ev["test"] or [])
     if best["epoch"] is not None and main:
-        load_state_dicts(exp.models, load_checkpoint(run_dir / "checkpoints" / "best.pt")["models"])
+        load_models(exp.models, run_dir / "checkpoints" / "best.pt")
     final_epoch = best["epoch"] if best["epoch"] is not None else history[-1]["epoch"]
     test = run_eval(tester, exp, test_entries, final_epoch) if test_entries and main else {}
     if main:  # eval.revisited test sets (Revisited Oxford / Paris)
@@ -272,7 +288,7 @@ def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx)
         "run_info": distributed.run_info(ctx, exp.extra.get("amp")),
     }
     if main:
-        (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        run_folder.write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
     distributed.barrier()
     return metrics
 
@@ -290,5 +306,8 @@ def _record_failure(config, run_dir: Path, exp, history, best, error: Exception,
         "history": history,
         "test": {},
     }
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    try:
+        run_folder.write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
+    except (OSError, run_folder.DiskFullError) as e:  # the original error is the one to raise
+        LOGGER.error("%s: cannot record the failure in metrics.json: %s", run_dir, e)
     LOGGER.error("%s: training failed in epoch %d: %s", run_dir, epoch, metrics["error"])

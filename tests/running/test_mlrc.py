@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import numpy as np
 import pytest
@@ -12,11 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from pml_rank_plugins import reporting
+from pml_rank_plugins.cli import main
 from pml_rank_plugins.data import CUB200, GlyphDataset
 from pml_rank_plugins.experiment import builder
 from pml_rank_plugins.experiment.mlrc import mlrc_fold_config
-from pml_rank_plugins.experiment.schema import ConfigError, validate
-from pml_rank_plugins.running import runner
+from pml_rank_plugins.experiment.schema import ConfigError, dump_yaml, load_yaml, validate
+from pml_rank_plugins.running import mlrc, runner
+from pml_rank_plugins.running.run_folder import RunFolderBusy, RunFolderError
 from tests.data.benchmark_fixtures import write_cub
 
 GLYPHS = {
@@ -98,7 +101,7 @@ def test_mlrc_trains_four_fold_models_and_reports_both(tmp_path):
     parts = []
     for k in range(4):
         models = builder.build_models(mlrc_fold_config(cfg, k), torch.device("cpu"))
-        state = torch.load(tmp_path / f"fold{k}" / "checkpoints" / "best.pt", weights_only=False)
+        state = torch.load(tmp_path / f"fold{k}" / "checkpoints" / "best.pt", weights_only=True)
         models["trunk"].load_state_dict(state["models"]["trunk"])
         with torch.no_grad():
             parts.append(F.normalize(models["trunk"].eval()(images), dim=1))
@@ -244,3 +247,78 @@ def test_compare_table_shows_concatenated_and_separated():
     table = reporting.markdown_table(summary)
     assert "separated P@1" in table and "| P@1" in table
     assert summary["rows"]["b"]["separated precision_at_1"]["mean"] == pytest.approx(0.5)
+
+
+# --------------------------------------------------------------------------- run-folder policy
+
+
+def cub_mlrc_config(data_root, seed=0) -> dict:
+    """The MLRC protocol on the tiny CUB fixture (4 folds, 2 epochs of 1 iteration)."""
+    write_cub(data_root)
+    cfg = cub_config(
+        data_root,
+        dataset={"CUB200": {"root": "CUB_200_2011", "split": "all"}},
+        split={"mlrc_protocol": {"num_folds": 4}},
+        transforms=copy.deepcopy(TRANSFORMS),
+    )
+    cfg["seed"] = seed
+    return cfg
+
+
+def _files(folder):
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_R1_mlrc_into_a_used_folder_is_refused_unless_overwrite(tmp_path, capsys):
+    run = tmp_path / "run"
+    first = runner.train(cub_mlrc_config(tmp_path), run, stop_after_epoch=1)
+    assert first == {"interrupted_after_epoch": 1, "fold": 0}
+    before = _files(run)
+    with pytest.raises(RunFolderError, match=rf"{run} already holds an MLRC run .*--overwrite"):
+        runner.train(cub_mlrc_config(tmp_path, seed=5), run, stop_after_epoch=1)
+    assert _files(run) == before  # refused: nothing touched
+    cfg_file = tmp_path / "mlrc.yaml"
+    dump_yaml(cub_mlrc_config(tmp_path, seed=5), cfg_file)
+    capsys.readouterr()
+    assert main(["train", str(cfg_file), "--out", str(run)]) == 1
+    assert f"pml-rank: error: {run} already holds an MLRC run" in capsys.readouterr().err
+    runner.train(cub_mlrc_config(tmp_path, seed=5), run, stop_after_epoch=1, overwrite=True)
+    assert load_yaml(run / "fold0" / "config.yaml")["seed"] == 5
+
+
+def test_R1_mlrc_overwrite_keeps_user_folders(tmp_path):
+    run = tmp_path / "run"
+    runner.train(cub_mlrc_config(tmp_path), run, stop_after_epoch=1)
+    (run / "fold1" / "checkpoints").mkdir(parents=True)  # an old fold's output
+    (run / "fold1" / "checkpoints" / "latest.pt").write_bytes(b"old")
+    user = [run / "folders_backup" / "keep.txt", run / "fold0" / "notes.txt", run / "fold9" / "x"]
+    for p in user:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("mine")
+    runner.train(cub_mlrc_config(tmp_path, seed=5), run, stop_after_epoch=1, overwrite=True)
+    assert all(p.read_text() == "mine" for p in user)
+    assert not (run / "fold1" / "checkpoints").exists()  # the old run's fold output went
+    assert load_yaml(run / "config.yaml")["seed"] == 5
+
+
+def test_R1_two_concurrent_mlrc_trains_one_is_refused(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    cfg = cub_mlrc_config(tmp_path)
+    second: list[BaseException] = []
+    train_run = mlrc.train_run
+
+    def first_fold_then_second_train(*args, **kwargs):
+        if not second:  # while the first MLRC train runs fold 0, a second one starts
+            try:
+                runner.train(cub_mlrc_config(tmp_path), run, overwrite=True)
+            except RunFolderBusy as e:
+                second.append(e)
+        return train_run(*args, **kwargs)
+
+    monkeypatch.setattr(mlrc, "train_run", first_fold_then_second_train)
+    m = runner.train(cfg, run, stop_after_epoch=1)
+    assert m == {"interrupted_after_epoch": 1, "fold": 0}  # the first one ran on
+    assert len(second) == 1 and f"{run} is in use by another run (pid {os.getpid()})" in str(
+        second[0]
+    )
+    assert (run / "fold0" / "checkpoints" / "latest.pt").is_file()

@@ -128,3 +128,19 @@ def test_failed_run_is_described_as_failed(tmp_path):
     (run / "metrics.json").write_text(json.dumps({"status": "failed", "error": "x"}))
     with pytest.raises(RunFolderError, match="already holds a failed run"):
         run_folder.prepare(run, resume=False, overwrite=False)
+
+
+def test_R3_full_disk_writing_metrics_is_one_line(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    target = tmp_path / "metrics.json"
+    with pytest.raises(run_folder.DiskFullError, match=rf"^No space left on device: {target}$"):
+        run_folder.write_text(target, "{}")
+    with pytest.raises(PermissionError):  # other write errors pass through unchanged
+        with run_folder.disk_full_as_error(target):
+            raise PermissionError(errno.EACCES, "Permission denied")
