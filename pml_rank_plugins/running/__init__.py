@@ -23,13 +23,14 @@ from .evaluate import evaluate_run, read_run_config
 from .mlrc import evaluate_mlrc, train_mlrc
 from .nonfinite import NonFiniteCheck, NonFiniteError
 from .pool import FAILED_FILE, Job, execute, is_failed, make_jobs, repeated_logs_once, run_job
-from .run_folder import RunFolderBusy, RunFolderError
+from .run_folder import DiskFullError, RunFolderBusy, RunFolderError
 from .runner import evaluate, train
 from .training import train_run
 
 __all__ = [
     "FAILED_FILE",
     "CheckpointError",
+    "DiskFullError",
     "Job",
     "NonFiniteCheck",
     "NonFiniteError",

@@ -18,7 +18,6 @@ import contextlib
 import copy
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -66,15 +65,8 @@ def train_mlrc(
         RunFolderError: ``run_dir`` holds a run and neither ``resume`` nor ``overwrite`` is set.
     """
     run_dir = Path(run_dir)
-    with run_folder.lock(run_dir) if _is_rank0() else contextlib.nullcontext():
+    with run_folder.lock(run_dir) if distributed.is_main_process() else contextlib.nullcontext():
         return _train_folds(config, run_dir, resume, stop_after_epoch, device, overwrite)
-
-
-def _is_rank0() -> bool:
-    """Rank 0 (or no torchrun); read from ``RANK`` because no process group exists yet."""
-    if distributed.launched_by_torchrun():
-        return os.environ["RANK"] == "0"
-    return distributed.is_main_process()
 
 
 def prepare_mlrc(run_dir: Path, num_folds: int, resume: bool, overwrite: bool) -> None:
@@ -109,7 +101,7 @@ def prepare_mlrc(run_dir: Path, num_folds: int, resume: bool, overwrite: bool) -
 
 def _train_folds(config, run_dir: Path, resume, stop_after_epoch, device, overwrite) -> dict:
     t0 = time.perf_counter()
-    if _is_rank0():
+    if distributed.is_main_process():
         prepare_mlrc(run_dir, mlrc_num_folds(config), resume, overwrite)
         with run_folder.disk_full_as_error(run_dir / "config.yaml"):
             dump_yaml(config, run_dir / "config.yaml")
