@@ -7,6 +7,7 @@ per fold, :mod:`.mlrc`); every other config is one run (:mod:`.training`, :mod:`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from ..experiment.mlrc import is_mlrc, mlrc_fold
 from .evaluate import evaluate_run, read_run_config
@@ -25,6 +26,7 @@ def train(
     stop_after_epoch: int | None = None,
     device: str | None = None,
     overwrite: bool = False,
+    on_epoch: Callable[[dict], bool] | None = None,
 ) -> dict:
     """Train ``config`` into ``run_dir`` and return the ``metrics.json`` content.
 
@@ -41,8 +43,10 @@ def train(
     run_dir = Path(run_dir)
     config = load_run_config(config, run_dir)
     if _all_folds(config):  # one run per fold
+        if on_epoch is not None:
+            raise ValueError("on_epoch is for single runs; an MLRC config trains one run per fold")
         return train_mlrc(config, run_dir, resume, stop_after_epoch, device, overwrite)
-    return train_run(config, run_dir, resume, stop_after_epoch, device, overwrite)
+    return train_run(config, run_dir, resume, stop_after_epoch, device, overwrite, on_epoch)
 
 
 def evaluate(

@@ -23,7 +23,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pytorch_metric_learning.utils import logging_presets
 
@@ -122,6 +122,7 @@ def train_run(
     stop_after_epoch: int | None = None,
     device: str | None = None,
     overwrite: bool = False,
+    on_epoch: Callable[[dict], bool] | None = None,
 ) -> dict:
     """Train one experiment into ``run_dir`` and return the ``metrics.json`` content.
 
@@ -132,7 +133,9 @@ def train_run(
     torchrun by rank 0, which alone writes files and evaluates). ``stop_after_epoch`` stops
     early as if interrupted (for tests and budgeted runs); the run can then be resumed. A
     non-finite loss or gradient raises :class:`.nonfinite.NonFiniteError`; any failure during
-    training is recorded in ``metrics.json`` (``"status": "failed"``).
+    training is recorded in ``metrics.json`` (``"status": "failed"``). ``on_epoch(row)`` is called
+    with each epoch's history row once its checkpoint is written; returning True stops the run
+    the same way (``pml-rank tune`` prunes trials with it; single-process runs only).
     """
     run_dir = Path(run_dir)
     # torchrun: one process per device; only rank 0 writes files and evaluates
@@ -149,10 +152,10 @@ def train_run(
         if isinstance(outcome, Exception):
             raise outcome
         distributed.barrier()
-        return _train(config, run_dir, bool(outcome), stop_after_epoch, ctx)
+        return _train(config, run_dir, bool(outcome), stop_after_epoch, ctx, on_epoch)
 
 
-def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx) -> dict:
+def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx, on_epoch=None) -> dict:
     t0 = time.perf_counter()
     main = ctx.is_main
     ckpt_path = run_dir / "checkpoints" / "latest.pt"
@@ -231,7 +234,10 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx) -> dict
                 LOGGER.info(epoch_line(row, exp.num_epochs, val_split, primary, best, t_epoch))
             if stopped_early:
                 break
-            if stop_after_epoch is not None and stop_after_epoch <= epoch < exp.num_epochs:
+            stop = stop_after_epoch is not None and stop_after_epoch <= epoch
+            if on_epoch is not None and on_epoch(row):
+                stop = True
+            if stop and epoch < exp.num_epochs:
                 distributed.barrier()
                 return {"interrupted_after_epoch": epoch, "history": history, "best": best}
         return _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx)

@@ -9,10 +9,9 @@ non-finite stops and MLRC folds behave as in ``pml-rank train``. The objective i
 primary metric at the best epoch (for MLRC, the mean over the folds, as MLRC did); the test
 splits are removed from a trial's config, so tuning never looks at them.
 
-Pruning: a trial is trained one epoch per :func:`.runner.train` call (``stop_after_epoch``), then
-resumed; resume is bit-identical, so this equals one uninterrupted run. After each validated
-epoch the value goes to the pruner; a pruned trial stops training (state PRUNED, its folder keeps
-the epochs it ran). MLRC configs are not pruned (their per-epoch value is per fold).
+Pruning: after each validated epoch (``on_epoch`` of :func:`.runner.train`) the value goes to
+the pruner; a pruned trial stops training after that epoch's checkpoint (state PRUNED; its
+folder keeps the epochs it ran). MLRC configs are not pruned (their per-epoch value is per fold).
 
 Storage: ``sqlite:///OUT/tune.db`` by default, or any URL Optuna accepts (``postgresql://...``),
 so several processes (``--jobs K``) and machines share a study. Trial numbers come from the
@@ -189,31 +188,24 @@ def trial_config(job: TuneJob, params: Mapping[str, Any], number: int) -> dict:
 
 
 def train_trial(trial: optuna.Trial, config: dict, run_dir: Path, device: str | None) -> float:
-    """Train one trial; report validated epochs to the pruner. Returns the objective; raises
-    :class:`optuna.TrialPruned` when the pruner stops it."""
-    prune = not is_mlrc(config)
-    epoch = 0
-    while True:
-        epoch += 1
-        m = runner.train(
-            config,
-            run_dir,
-            resume=epoch > 1,
-            stop_after_epoch=epoch if prune else None,
-            device=device,
-        )
-        for row in m.get("history", [])[-1:]:
-            if prune and row.get("validation") and m.get("best", {}).get("value") is not None:
-                value = _row_value(config, row)
-                if value is not None:
-                    trial.report(value, row["epoch"])
-                    if trial.should_prune():
-                        raise optuna.TrialPruned(f"pruned after epoch {row['epoch']}")
-        if "interrupted_after_epoch" not in m:
-            value = (m.get("best") or {}).get("value")
-            if value is None:
-                raise ValueError(f"{run_dir}: no validation value (is eval.validation set?)")
-            return float(value)
+    """Train one trial; report each validated epoch to the pruner. Returns the objective; raises
+    :class:`optuna.TrialPruned` when the pruner stopped it (after that epoch's checkpoint)."""
+
+    def report(row: dict) -> bool:
+        value = _row_value(config, row) if row.get("validation") else None
+        if value is None:
+            return False
+        trial.report(value, row["epoch"])
+        return trial.should_prune()
+
+    on_epoch = None if is_mlrc(config) else report  # MLRC's epochs are per fold: not pruned
+    m = runner.train(config, run_dir, device=device, on_epoch=on_epoch)
+    if "interrupted_after_epoch" in m:
+        raise optuna.TrialPruned(f"pruned after epoch {m['interrupted_after_epoch']}")
+    value = (m.get("best") or {}).get("value")
+    if value is None:
+        raise ValueError(f"{run_dir}: no validation value (is eval.validation set?)")
+    return float(value)
 
 
 def _row_value(config: dict, row: dict) -> float | None:
@@ -283,8 +275,25 @@ def _worker(job: TuneJob, worker: int, num_threads: int, registered: dict) -> in
     for name, obj in registered.items():
         registry.register(name, obj, override=True)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("PML").setLevel(logging.WARNING)
+    # one line per trial: PML's per-run key warnings and the runner's per-epoch lines stay quiet
+    logging.getLogger("PML").setLevel(logging.ERROR)
+    logging.getLogger("pml_rank_plugins.running.training").setLevel(logging.WARNING)
     return run_trials(job, worker)
+
+
+@contextlib.contextmanager
+def _env(**values: str) -> Iterator[None]:
+    """Set environment variables for the block (spawned workers inherit them), then restore."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def tune(
@@ -322,14 +331,13 @@ def tune(
         for number in fail_interrupted_trials(study):
             LOGGER.warning("[%s] trial %d was interrupted; marked failed", method, number)
         t0 = time.perf_counter()
-        if jobs == 1:
-            run_trials(job)
-        else:
-            ctx = mp.get_context("spawn")
-            shared = (torch.get_num_threads(), dict(registry._USER))  # noqa: SLF001
-            with cf.ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
-                for fut in [ex.submit(_worker, job, k, *shared) for k in range(jobs)]:
-                    fut.result()
+        # Trials always run in spawn workers (also for --jobs 1): they start with tqdm disabled,
+        # so the console gets one line per trial instead of PML's progress bars.
+        ctx = mp.get_context("spawn")
+        shared = (torch.get_num_threads(), dict(registry._USER))  # noqa: SLF001
+        with _env(TQDM_DISABLE="1"), cf.ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
+            for fut in [ex.submit(_worker, job, k, *shared) for k in range(jobs)]:
+                fut.result()
         results[method] = study_summary(open_study(job), time.perf_counter() - t0, cfg)
         studies[method] = open_study(job)
     return {"storage": public_url(url), "methods": results}, studies

@@ -255,3 +255,19 @@ def test_one_console_line_per_epoch(tmp_path, caplog):
         assert float(value) == pytest.approx(
             h["validation"]["val"]["mean_average_precision_at_r"], abs=1e-4
         )
+
+
+def test_on_epoch_sees_every_row_and_can_stop_the_run_like_an_interruption(tmp_path):
+    seen = []
+
+    def stop_after_first(row):
+        seen.append(row["epoch"])
+        return row["epoch"] == 1
+
+    m = runner.train(tiny_config(), tmp_path / "r", on_epoch=stop_after_first)
+    assert m["interrupted_after_epoch"] == 1 and seen == [1]
+    assert "validation" in m["history"][0]  # the row is the one recorded in the history
+    assert not (tmp_path / "r" / "metrics.json").exists()
+    resumed = runner.train(None, tmp_path / "r", resume=True, on_epoch=stop_after_first)
+    whole = runner.train(tiny_config(), tmp_path / "whole")
+    assert seen == [1, 2] and resumed["history"] == whole["history"]  # resumes like any run
