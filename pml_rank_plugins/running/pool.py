@@ -217,7 +217,7 @@ def repeated_logs_once(min_level: int = logging.INFO) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _child_environment(**values: str) -> Iterator[None]:
+def child_environment(**values: str) -> Iterator[None]:
     """Environment variables for the processes started inside the block (tqdm reads
     ``TQDM_DISABLE`` when a ``spawn`` worker imports it, before any code of ours runs there)."""
     saved = {k: os.environ.get(k) for k in values}
@@ -361,7 +361,7 @@ def _run_in_workers(jobs, results, resume, device, n_jobs: int, overwrite: bool,
             n_jobs, mp_context=ctx, initializer=_worker_init, initargs=init
         ) as ex:
             # the pool starts its workers on submit
-            with _child_environment(TQDM_DISABLE="1"):
+            with child_environment(TQDM_DISABLE="1"):
                 futures = {ex.submit(run_job, job, resume, device, overwrite): job for job in jobs}
             _collect(futures, results, bar)
     finally:

@@ -57,6 +57,7 @@ from ..experiment.search_space import (
     tune_section,
 )
 from . import distributed, run_folder, runner
+from .pool import child_environment
 
 LOGGER = logging.getLogger(__name__)
 ASK_LOCK = ".tune-ask.lock"
@@ -281,21 +282,6 @@ def _worker(job: TuneJob, worker: int, num_threads: int, registered: dict) -> in
     return run_trials(job, worker)
 
 
-@contextlib.contextmanager
-def _env(**values: str) -> Iterator[None]:
-    """Set environment variables for the block (spawned workers inherit them), then restore."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def tune(
     configs: Mapping[str, dict],
     out_dir: str | Path,
@@ -335,7 +321,10 @@ def tune(
         # so the console gets one line per trial instead of PML's progress bars.
         ctx = mp.get_context("spawn")
         shared = (torch.get_num_threads(), dict(registry._USER))  # noqa: SLF001
-        with _env(TQDM_DISABLE="1"), cf.ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
+        with (
+            child_environment(TQDM_DISABLE="1"),
+            cf.ProcessPoolExecutor(jobs, mp_context=ctx) as ex,
+        ):
             for fut in [ex.submit(_worker, job, k, *shared) for k in range(jobs)]:
                 fut.result()
         results[method] = study_summary(open_study(job), time.perf_counter() - t0, cfg)
