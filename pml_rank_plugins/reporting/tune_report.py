@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -118,14 +117,15 @@ def write_tune_outputs(
 
 
 def best_so_far(study: optuna.Study) -> tuple[list[int], list[float]]:
-    """(trial numbers, best complete value up to and including each) over complete trials."""
+    """(trial numbers, best complete value among trials up to and including each), for every
+    trial from the first complete one on (pruned and failed trials carry the best forward)."""
     xs, ys, best = [], [], None
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
-        if t.state != TrialState.COMPLETE:
-            continue
-        best = t.value if best is None else max(best, t.value)
-        xs.append(t.number)
-        ys.append(best)
+        if t.state == TrialState.COMPLETE:
+            best = t.value if best is None else max(best, t.value)
+        if best is not None:
+            xs.append(t.number)
+            ys.append(best)
     return xs, ys
 
 
@@ -135,6 +135,7 @@ def write_history(studies: Mapping[str, optuna.Study], path: Path, primary: str)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for i, (method, study) in enumerate(studies.items()):
@@ -149,7 +150,8 @@ def write_history(studies: Mapping[str, optuna.Study], path: Path, primary: str)
             linewidth=1.8,
         )
     ax.set_title("Tuning history: best validation value so far", fontsize=12)
-    ax.set_xlabel("trial", fontsize=11)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("trial (pruned and failed trials keep the best so far)", fontsize=11)
     ax.set_ylabel(f"best validation {metric_label(primary)} (%)", fontsize=11)
     ax.tick_params(labelsize=10)
     ax.grid(alpha=0.3)
@@ -162,8 +164,9 @@ def write_history(studies: Mapping[str, optuna.Study], path: Path, primary: str)
 
 
 def write_importance(study: optuna.Study, path: Path, method: str) -> Path | None:
-    """Optuna's parameter-importance plot for one method, or None (with a log line) when the
-    study cannot rank its parameters yet (fewer than two distinct complete values)."""
+    """A horizontal bar chart of Optuna's fANOVA parameter importances for one method, or None
+    (with a log line) when the study cannot rank its parameters yet (fewer than two distinct
+    complete values)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,12 +176,20 @@ def write_importance(study: optuna.Study, path: Path, method: str) -> Path | Non
     if len(values) < 2:
         LOGGER.info("[%s] no importance plot: fewer than two distinct complete values", method)
         return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        ax = optuna.visualization.matplotlib.plot_param_importances(study)
-    ax.set_title(f"{method}: parameter importance (fANOVA)", fontsize=12)
-    fig = ax.get_figure()
-    fig.set_size_inches(7, 3 + 0.3 * len(study.best_trial.params))
+    importances = optuna.importance.get_param_importances(study)
+    names = list(importances)[::-1]  # most important on top
+    fig, ax = plt.subplots(figsize=(8, 1.9 + 0.45 * len(names)), dpi=120)
+    bars = ax.barh(names, [importances[n] for n in names], color=COLORS[0])
+    ax.bar_label(bars, fmt="%.2f", padding=3, fontsize=10)
+    ax.set_xlim(0, 1.1)
+    complete = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+    ax.set_title(
+        f"{method}\nparameter importance (fANOVA, {complete} complete trials)", fontsize=12
+    )
+    ax.set_xlabel("importance (sums to 1)", fontsize=11)
+    ax.set_ylabel("parameter (key path)", fontsize=11)
+    ax.tick_params(labelsize=10)
+    ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     fig.savefig(path.with_suffix(".pdf"))

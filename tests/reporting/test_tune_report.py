@@ -75,3 +75,22 @@ def test_markdown_counts_every_state():
     }
     row = next(line for line in markdown(summary, "precision_at_1").splitlines() if "| m |" in line)
     assert row == "| m | 50.00 | 2 | 4 | 2 | 1 | 1 | 3.0 | `a.b`=0.001 |"
+
+
+def test_history_carries_the_best_over_pruned_and_failed_trials():
+    import optuna
+    from optuna.trial import TrialState
+
+    from pml_rank_plugins.reporting.tune_report import best_so_far
+
+    study = optuna.create_study(direction="maximize")
+    for state, value in [
+        (TrialState.FAIL, None),
+        (TrialState.COMPLETE, 0.3),
+        (TrialState.PRUNED, None),
+        (TrialState.COMPLETE, 0.2),
+        (TrialState.COMPLETE, 0.5),
+    ]:
+        trial = study.ask()
+        study.tell(trial, value, state=state)
+    assert best_so_far(study) == ([1, 2, 3, 4], [0.3, 0.3, 0.3, 0.5])
