@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _closed_pipe()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if not args.verbose:  # PML's log, faiss's loader lines (imported after this) only with -v
-        for name in ("PML", "faiss"):
+    if not args.verbose:  # PML's log, faiss's loader lines, fontTools' PDF subsetting: only with -v
+        for name in ("PML", "faiss", "fontTools"):
             logging.getLogger(name).setLevel(logging.WARNING)
     try:
         rc = _list(args.substring) if args.command == "list" else _guarded(args)
