@@ -239,3 +239,25 @@ def test_self_index_of_the_diagonal_equals_the_batch_against_itself():
         pairs = (a1[keep], p[keep], all_pairs[2], all_pairs[3])
         want = make_loss()(x, labels, pairs, x.detach(), labels)
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+class LegacyFastAP(FastAPLoss):
+    """A user subclass whose compute_loss predates self_index."""
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        return super().compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+
+
+def test_subclass_without_self_index_keeps_pml_path(monkeypatch):
+    memory_loss = CrossBatchMemory(FastAPLoss(), DIM, memory_size=MEMORY)
+    # PML's allow-list goes by class name, so such a subclass gets in by replacing the loss.
+    memory_loss.loss = LegacyFastAP()
+    calls = []
+    original = memory_loss.create_indices_tuple
+    monkeypatch.setattr(
+        memory_loss, "create_indices_tuple", lambda *a: calls.append(1) or original(*a)
+    )
+    reference = CrossBatchMemory(FastAPLoss(), DIM, memory_size=MEMORY)
+    for x, labels in batches(steps=2):
+        torch.testing.assert_close(memory_loss(x, labels), reference(x, labels))
+    assert calls == [1, 1]
