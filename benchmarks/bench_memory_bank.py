@@ -26,10 +26,15 @@ Columns: ``vs ref`` is a memory-bank case's time over the direct call's (``_ref`
 ref`` the same for the peak. Targets (issue 23; memory 65,536, batch 256, d = 128): through
 ``CrossBatchMemory`` each loss <= 1.5x the floor and within 10% of the direct call, peak <= 1.2x
 the direct call's. Run: ``python benchmarks/bench_memory_bank.py [--memory 65536] [--batch 256]
-[--device auto|cpu|cuda]``.
+[--device auto|cpu|cuda] [--paired]``. ``--paired`` adds a table timed in one process per loss,
+the floor, ``CrossBatchMemory``, direct and PML-path steps called in turn each round: on a shared
+machine a change of load then hits the four alike, so their ratios hold better than across
+subprocesses.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from _measure import (
@@ -37,6 +42,7 @@ from _measure import (
     bench_main,
     bench_parser,
     measure_cases,
+    measure_in_child,
     mib,
     print_header,
     print_row,
@@ -80,6 +86,40 @@ def time_backward_cuda(x: torch.Tensor, compute, warmup: int, repeats: int) -> d
     return result
 
 
+def make_compute(case: str, x, labels, mem, mem_labels):
+    """The loss (or floor) of ``case`` as a zero-argument callable; memory-bank cases get their
+    own full ``CrossBatchMemory`` (a copy of ``mem``)."""
+    if case == "floor":
+        return product_floor(x, mem)
+    if case.endswith("_ref"):
+        loss_fn = _make_loss(case[: -len("_ref")])
+        return lambda: loss_fn(x, labels, ref_emb=mem, ref_labels=mem_labels)
+    name = case.removesuffix("_pml")
+    loss_fn = CrossBatchMemory(_make_loss(name), embedding_size=x.shape[1], memory_size=len(mem))
+    loss_fn.embedding_memory = mem.clone()
+    loss_fn.label_memory = mem_labels.clone()
+    loss_fn.has_been_filled = True
+    if case.endswith("_pml"):  # PML's forward: the indices_tuple of all pairs
+        return lambda: PMLCrossBatchMemory.forward(loss_fn, x, labels)
+    return lambda: loss_fn(x, labels)
+
+
+def paired_times(x, computes: dict, warmup: int, repeats: int) -> dict:
+    """Best wall time of each of ``computes`` (forward + backward), the cases called in turn
+    within each of ``warmup + repeats`` rounds, so a change of load hits them all alike."""
+    best = {case: float("inf") for case in computes}
+    for round_index in range(warmup + repeats):
+        for case, compute in computes.items():
+            x.grad = None
+            start = time.perf_counter()
+            compute().backward()
+            if x.is_cuda:
+                torch.cuda.synchronize(x.device)
+            if round_index >= warmup:
+                best[case] = min(best[case], time.perf_counter() - start)
+    return best
+
+
 def run_case(
     case: str,
     memory: int,
@@ -90,7 +130,9 @@ def run_case(
     repeats: int,
     threads,
 ):
-    """Runs inside the subprocess: returns best time (s) and peak memory growth (bytes)."""
+    """Runs inside the subprocess: returns best time (s) and peak memory growth (bytes); a
+    ``paired_<loss>`` case returns the paired times of floor, ``<loss>``, ``_ref`` and ``_pml``
+    under ``"times"``."""
     device = torch.device(DEVICES[device_code])
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -98,21 +140,12 @@ def run_case(
     mem_labels = (torch.arange(memory) // 4).to(device)
     x = torch.randn(batch, dim).to(device).requires_grad_(True)
     labels = mem_labels[torch.randint(0, memory, (batch,)).to(device)]
-    if case == "floor":
-        compute = product_floor(x, mem)
-    elif case.endswith("_ref"):
-        loss_fn = _make_loss(case[: -len("_ref")])
-        compute = lambda: loss_fn(x, labels, ref_emb=mem, ref_labels=mem_labels)  # noqa: E731
-    else:
-        name = case.removesuffix("_pml")
-        loss_fn = CrossBatchMemory(_make_loss(name), embedding_size=dim, memory_size=memory)
-        loss_fn.embedding_memory = mem.clone()
-        loss_fn.label_memory = mem_labels.clone()
-        loss_fn.has_been_filled = True
-        if case.endswith("_pml"):  # PML's forward: the indices_tuple of all pairs
-            compute = lambda: PMLCrossBatchMemory.forward(loss_fn, x, labels)  # noqa: E731
-        else:
-            compute = lambda: loss_fn(x, labels)  # noqa: E731
+    if case.startswith("paired_"):
+        name = case.removeprefix("paired_")
+        cases = ["floor", name, f"{name}_ref", f"{name}_pml"]
+        computes = {c: make_compute(c, x, labels, mem, mem_labels) for c in cases}
+        return {"time": 0.0, "peak": 0, "times": paired_times(x, computes, warmup, repeats)}
+    compute = make_compute(case, x, labels, mem, mem_labels)
     if device.type == "cuda":
         return time_backward_cuda(x, compute, warmup, repeats)
     return time_backward(x, compute, warmup, repeats)
@@ -169,6 +202,32 @@ def report(args) -> None:
                 f"{r['peak'] / pairs:.1f}",
             ]
         )
+    if args.paired:
+        report_paired(args, numbers)
+
+
+def report_paired(args, numbers: list[int]) -> None:
+    """``--paired``: per loss, one process calls floor, CrossBatchMemory, direct and PML's path in
+    turn, ``--warmup`` + ``--repeats`` rounds; prints the best times and their ratios."""
+    print(
+        "\nPaired (one process per loss, the four cases called in turn each round, best of "
+        f"{args.repeats} rounds after {args.warmup} warm-up round(s)):"
+    )
+    print_header(["loss", "floor s", "CBM s", "ref s", "PML path s", "CBM / floor", "CBM / ref"])
+    for name in LOSSES:
+        times = measure_in_child(__file__, f"paired_{name}", numbers, args)["times"]
+        floor, cbm, ref = times["floor"], times[name], times[f"{name}_ref"]
+        print_row(
+            [
+                name,
+                f"{floor:.3f}",
+                f"{cbm:.3f}",
+                f"{ref:.3f}",
+                f"{times[f'{name}_pml']:.3f}",
+                f"{cbm / floor:.2f}x",
+                f"{cbm / ref:.2f}x",
+            ]
+        )
 
 
 def main() -> None:
@@ -177,6 +236,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--device", choices=["auto", *DEVICES], default="auto")
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="also time the cases of each loss in turn within one process (robust to load)",
+    )
     add_timing_flags(parser)
     bench_main(parser, run_case, report)
 

@@ -69,10 +69,11 @@ def test_bench_ranked_list_prints_one_row_per_size():
 def test_bench_memory_bank_toy_size_prints_every_case():
     out = run_script(
         "bench_memory_bank.py",
-        *("--memory", "64", "--batch", "8", "--dim", "8", "--device", "cpu"),
+        *("--memory", "64", "--batch", "8", "--dim", "8", "--device", "cpu", "--paired"),
         *("--warmup", "0", "--repeats", "1", "--rounds", "1"),
     )
-    rows = table_rows(out)
+    all_rows = table_rows(out)
+    rows, paired = all_rows[:10], all_rows[10:]
     losses = ["fastap", "qap", "rll"]
     assert [row[0] for row in rows] == [
         "floor",
@@ -87,6 +88,9 @@ def test_bench_memory_bank_toy_size_prints_every_case():
         assert by_case[case][3].endswith("x") and by_case[case][5].endswith("x")
     assert by_case["fastap_ref"][3] == "-"
     assert "CPU, 2 threads" in out
+    # --paired: one row per loss, CrossBatchMemory against the floor and the direct call.
+    assert [row[0] for row in paired] == ["loss", *losses]
+    assert all(row[5].endswith("x") and row[6].endswith("x") for row in paired[1:])
 
 
 def test_bench_memory_bank_cuda_runs_on_a_gpu_or_says_there_is_none():
