@@ -112,13 +112,14 @@ def test_miner_pairs_and_weights_equal_pml_path_after_self_removal():
     memory_labels[slots] = labels
     miner = RankedListMiner(margin=0.4, alpha=1.2, Tn=2.0)
     got = miner(x, labels, memory, memory_labels, self_index=slots)
-    # A small alpha - margin would mine the self pair at distance ~0: make sure the test covers
-    # the removal by also comparing with PML's removal of the self comparisons.
+    # Today's path: mine every pair, then PML's removal of the self comparisons.
     everything = miner(x, labels, memory, memory_labels)
     want = lmu.remove_self_comparisons(everything, slots, len(memory))
     for g, w in zip(got, want):
         assert torch.equal(g, w)
     torch.testing.assert_close(got.weights, everything.weights, rtol=0, atol=0)
+    assert not (got[1] == slots[got[0]]).any()  # no query is paired with its own slot
+    assert len(got[0]) > 0 and len(got[2]) > 0
 
 
 def test_enqueue_mask_equals_pml_path(monkeypatch):
