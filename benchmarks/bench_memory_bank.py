@@ -5,25 +5,36 @@ ranked against a full memory of ``--memory`` embeddings (``pml_rank_plugins.loss
 CrossBatchMemory``, pre-filled with random embeddings, 4 per class; the batch's labels are
 memory classes). Each case runs in a fresh subprocess (shared harness
 ``benchmarks/_measure.py``): ``--warmup`` untimed steps, the best of ``--repeats`` timed steps,
-peak RSS growth over the pre-call RSS; ``--rounds`` interleaved rounds keep each case's best time
-and largest peak. Cases:
+peak memory growth over the pre-call value (CPU: RSS; CUDA: ``torch.cuda.max_memory_allocated``);
+``--rounds`` interleaved rounds keep each case's best time and largest peak. ``--device``:
+``auto`` (default) runs on CUDA when a GPU is present, else on the CPU. Cases:
 
 * ``fastap`` / ``qap`` / ``rll`` -- ``CrossBatchMemory(FastAPLoss(num_bins=10) |
-  QuantizedAPLoss(num_bins=20) | RankedListLoss())``, the way a user trains with a memory. PML's
-  ``CrossBatchMemory`` hands the loss an ``indices_tuple`` of every (query, memory) pair minus the
-  query's own slot (``batch x memory`` int64 indices, built by PML), which our losses turn into
-  ``batch x memory`` bytes of pair categories;
+  QuantizedAPLoss(num_bins=20) | RankedListLoss())``, the way a user trains with a memory: the
+  self-index path (the loss gets the memory as ``ref_emb`` and each query's memory slot as
+  ``self_index``; no index tuple);
 * ``fastap_ref`` / ``qap_ref`` / ``rll_ref`` -- the same losses called directly with
-  ``ref_emb=memory, ref_labels=memory_labels`` (no indices tuple): the losses' own cost;
+  ``ref_emb=memory, ref_labels=memory_labels``: the losses' own cost;
+* ``fastap_pml`` / ``qap_pml`` / ``rll_pml`` -- the same memory through PML's
+  ``CrossBatchMemory.forward`` (the path before issue 23, still taken for PML's losses, other
+  miners and an extra ``indices_tuple``): an int64 ``indices_tuple`` of every (query, memory)
+  pair minus the query's own slot, which the losses turn into pair categories;
 * ``floor`` -- ``S = Q @ R.T; (S * S).sum().backward()`` with only ``Q`` (the batch) requiring
   gradient, as the memory is detached.
 
-Target (CPU, 2 threads, memory 65,536, batch 256, d = 128): each loss <= 2x the floor, memory
-growth O(batch x memory). Run: ``python benchmarks/bench_memory_bank.py [--memory 65536]
-[--batch 256]``.
+Columns: ``vs ref`` is a memory-bank case's time over the direct call's (``_ref``), ``peak vs
+ref`` the same for the peak. Targets (issue 23; memory 65,536, batch 256, d = 128): through
+``CrossBatchMemory`` each loss <= 1.5x the floor and within 10% of the direct call, peak <= 1.2x
+the direct call's. Run: ``python benchmarks/bench_memory_bank.py [--memory 65536] [--batch 256]
+[--device auto|cpu|cuda] [--paired]``. ``--paired`` adds a table timed in one process per loss,
+the floor, ``CrossBatchMemory``, direct and PML-path steps called in turn each round: on a shared
+machine a change of load then hits the four alike, so their ratios hold better than across
+subprocesses.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from _measure import (
@@ -31,17 +42,22 @@ from _measure import (
     bench_main,
     bench_parser,
     measure_cases,
+    measure_in_child,
     mib,
     print_header,
     print_row,
     product_floor,
     time_backward,
+    time_calls,
 )
+from pytorch_metric_learning.losses import CrossBatchMemory as PMLCrossBatchMemory
 
 from pml_rank_plugins.losses import CrossBatchMemory, FastAPLoss, QuantizedAPLoss, RankedListLoss
 
 LOSSES = ["fastap", "qap", "rll"]
-CASES = ["floor"] + LOSSES + [f"{name}_ref" for name in LOSSES]
+CASES = ["floor"] + LOSSES + [f"{name}_ref" for name in LOSSES] + [f"{name}_pml" for name in LOSSES]
+# The child gets integers only (``_measure.bench_main``): the device travels as a code.
+DEVICES = ["cpu", "cuda"]
 
 
 def _make_loss(name: str):
@@ -52,48 +68,164 @@ def _make_loss(name: str):
     return RankedListLoss()
 
 
-def run_case(case: str, memory: int, batch: int, dim: int, warmup: int, repeats: int, threads):
-    """Runs inside the subprocess: returns best time (s) and peak RSS growth (bytes)."""
+def time_backward_cuda(x: torch.Tensor, compute, warmup: int, repeats: int) -> dict:
+    """:func:`_measure.time_backward` on a GPU: each step waits for the GPU before the clock
+    stops (kernels run asynchronously), and the peak is the growth of
+    ``torch.cuda.max_memory_allocated`` over the memory allocated before the first step."""
+
+    def step():
+        x.grad = None
+        compute().backward()
+        torch.cuda.synchronize(x.device)
+
+    torch.cuda.synchronize(x.device)
+    torch.cuda.reset_peak_memory_stats(x.device)
+    baseline = torch.cuda.memory_allocated(x.device)
+    result = time_calls(step, warmup, repeats)
+    result["peak"] = max(0, torch.cuda.max_memory_allocated(x.device) - baseline)
+    return result
+
+
+def make_compute(case: str, x, labels, mem, mem_labels):
+    """The loss (or floor) of ``case`` as a zero-argument callable; memory-bank cases get their
+    own full ``CrossBatchMemory`` (a copy of ``mem``)."""
+    if case == "floor":
+        return product_floor(x, mem)
+    if case.endswith("_ref"):
+        loss_fn = _make_loss(case[: -len("_ref")])
+        return lambda: loss_fn(x, labels, ref_emb=mem, ref_labels=mem_labels)
+    name = case.removesuffix("_pml")
+    loss_fn = CrossBatchMemory(_make_loss(name), embedding_size=x.shape[1], memory_size=len(mem))
+    loss_fn.embedding_memory = mem.clone()
+    loss_fn.label_memory = mem_labels.clone()
+    loss_fn.has_been_filled = True
+    if case.endswith("_pml"):  # PML's forward: the indices_tuple of all pairs
+        return lambda: PMLCrossBatchMemory.forward(loss_fn, x, labels)
+    return lambda: loss_fn(x, labels)
+
+
+def paired_times(x, computes: dict, warmup: int, repeats: int) -> dict:
+    """Best wall time of each of ``computes`` (forward + backward), the cases called in turn
+    within each of ``warmup + repeats`` rounds, so a change of load hits them all alike."""
+    best = {case: float("inf") for case in computes}
+    for round_index in range(warmup + repeats):
+        for case, compute in computes.items():
+            x.grad = None
+            start = time.perf_counter()
+            compute().backward()
+            if x.is_cuda:
+                torch.cuda.synchronize(x.device)
+            if round_index >= warmup:
+                best[case] = min(best[case], time.perf_counter() - start)
+    return best
+
+
+def run_case(
+    case: str,
+    memory: int,
+    batch: int,
+    dim: int,
+    device_code: int,
+    warmup: int,
+    repeats: int,
+    threads,
+):
+    """Runs inside the subprocess: returns best time (s) and peak memory growth (bytes); a
+    ``paired_<loss>`` case returns the paired times of floor, ``<loss>``, ``_ref`` and ``_pml``
+    under ``"times"``."""
+    device = torch.device(DEVICES[device_code])
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    mem = torch.randn(memory, dim)
-    mem_labels = torch.arange(memory) // 4
-    x = torch.randn(batch, dim, requires_grad=True)
-    labels = mem_labels[torch.randint(0, memory, (batch,))]
-    if case == "floor":
-        compute = product_floor(x, mem)
-    elif case.endswith("_ref"):
-        loss_fn = _make_loss(case[: -len("_ref")])
-        compute = lambda: loss_fn(x, labels, ref_emb=mem, ref_labels=mem_labels)  # noqa: E731
-    else:
-        loss_fn = CrossBatchMemory(_make_loss(case), embedding_size=dim, memory_size=memory)
-        loss_fn.embedding_memory = mem.clone()
-        loss_fn.label_memory = mem_labels.clone()
-        loss_fn.has_been_filled = True
-        compute = lambda: loss_fn(x, labels)  # noqa: E731
+    mem = torch.randn(memory, dim).to(device)
+    mem_labels = (torch.arange(memory) // 4).to(device)
+    x = torch.randn(batch, dim).to(device).requires_grad_(True)
+    labels = mem_labels[torch.randint(0, memory, (batch,)).to(device)]
+    if case.startswith("paired_"):
+        name = case.removeprefix("paired_")
+        cases = ["floor", name, f"{name}_ref", f"{name}_pml"]
+        computes = {c: make_compute(c, x, labels, mem, mem_labels) for c in cases}
+        return {"time": 0.0, "peak": 0, "times": paired_times(x, computes, warmup, repeats)}
+    compute = make_compute(case, x, labels, mem, mem_labels)
+    if device.type == "cuda":
+        return time_backward_cuda(x, compute, warmup, repeats)
     return time_backward(x, compute, warmup, repeats)
+
+
+def resolve_device(name: str) -> str:
+    """``--device``: ``auto`` is ``cuda`` when a GPU is present, else ``cpu``.
+
+    Raises:
+        SystemExit: ``cuda`` asked for without a usable GPU.
+    """
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "bench_memory_bank.py: --device cuda, but no CUDA GPU is available "
+            "(torch.cuda.is_available() is False): use --device cpu or auto"
+        )
+    return name
 
 
 def report(args) -> None:
     """Measures every case, prints the table."""
+    device = resolve_device(args.device)
+    where = f"CPU, {args.threads} threads" if device == "cpu" else torch.cuda.get_device_name()
+    peak = "RSS growth" if device == "cpu" else "growth of CUDA max_memory_allocated"
     print(
-        f"Memory bank: batch {args.batch} vs memory {args.memory}, d={args.dim}, CPU, "
-        f"{args.threads} threads, {args.warmup} warm-up step(s), best of {args.repeats} timed x "
-        f"{args.rounds} rounds; peak = RSS growth during all steps"
+        f"Memory bank: batch {args.batch} vs memory {args.memory}, d={args.dim}, {where}, "
+        f"{args.warmup} warm-up step(s), best of {args.repeats} timed x {args.rounds} rounds; "
+        f"peak = {peak} during all steps"
     )
-    best = measure_cases(__file__, CASES, [args.memory, args.batch, args.dim], args)
+    numbers = [args.memory, args.batch, args.dim, DEVICES.index(device)]
+    best = measure_cases(__file__, CASES, numbers, args)
     floor = best["floor"]
     pairs = args.batch * args.memory
-    print_header(["case", "s / step", "vs floor", "peak MiB", "bytes / pair"])
+    print_header(
+        ["case", "s / step", "vs floor", "vs ref", "peak MiB", "peak vs ref", "bytes / pair"]
+    )
     for case in CASES:
         r = best[case]
+        ref = (
+            best.get(case.removesuffix("_pml") + "_ref")
+            if case in LOSSES or case.endswith("_pml")
+            else None
+        )
         print_row(
             [
                 case,
                 f"{r['time']:.3f}",
                 f"{r['time'] / floor['time']:.2f}x",
+                "-" if ref is None else f"{r['time'] / ref['time']:.2f}x",
                 mib(r),
+                "-" if ref is None else f"{r['peak'] / max(ref['peak'], 1):.2f}x",
                 f"{r['peak'] / pairs:.1f}",
+            ]
+        )
+    if args.paired:
+        report_paired(args, numbers)
+
+
+def report_paired(args, numbers: list[int]) -> None:
+    """``--paired``: per loss, one process calls floor, CrossBatchMemory, direct and PML's path in
+    turn, ``--warmup`` + ``--repeats`` rounds; prints the best times and their ratios."""
+    print(
+        "\nPaired (one process per loss, the four cases called in turn each round, best of "
+        f"{args.repeats} rounds after {args.warmup} warm-up round(s)):"
+    )
+    print_header(["loss", "floor s", "CBM s", "ref s", "PML path s", "CBM / floor", "CBM / ref"])
+    for name in LOSSES:
+        times = measure_in_child(__file__, f"paired_{name}", numbers, args)["times"]
+        floor, cbm, ref = times["floor"], times[name], times[f"{name}_ref"]
+        print_row(
+            [
+                name,
+                f"{floor:.3f}",
+                f"{cbm:.3f}",
+                f"{ref:.3f}",
+                f"{times[f'{name}_pml']:.3f}",
+                f"{cbm / floor:.2f}x",
+                f"{cbm / ref:.2f}x",
             ]
         )
 
@@ -103,6 +235,12 @@ def main() -> None:
     parser.add_argument("--memory", type=int, default=65536)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--device", choices=["auto", *DEVICES], default="auto")
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="also time the cases of each loss in turn within one process (robust to load)",
+    )
     add_timing_flags(parser)
     bench_main(parser, run_case, report)
 

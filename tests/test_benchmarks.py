@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -68,20 +69,47 @@ def test_bench_ranked_list_prints_one_row_per_size():
 def test_bench_memory_bank_toy_size_prints_every_case():
     out = run_script(
         "bench_memory_bank.py",
-        *("--memory", "64", "--batch", "8", "--dim", "8"),
+        *("--memory", "64", "--batch", "8", "--dim", "8", "--device", "cpu", "--paired"),
         *("--warmup", "0", "--repeats", "1", "--rounds", "1"),
     )
-    rows = table_rows(out)
+    all_rows = table_rows(out)
+    rows, paired = all_rows[:10], all_rows[10:]
+    losses = ["fastap", "qap", "rll"]
     assert [row[0] for row in rows] == [
         "floor",
-        "fastap",
-        "qap",
-        "rll",
-        "fastap_ref",
-        "qap_ref",
-        "rll_ref",
+        *losses,
+        *(f"{name}_ref" for name in losses),
+        *(f"{name}_pml" for name in losses),
     ]
     assert all(row[2].endswith("x") for row in rows)
+    # Memory-bank rows are compared with the direct ref_emb call, in time and peak memory.
+    by_case = {row[0]: row for row in rows}
+    for case in [*losses, *(f"{name}_pml" for name in losses)]:
+        assert by_case[case][3].endswith("x") and by_case[case][5].endswith("x")
+    assert by_case["fastap_ref"][3] == "-"
+    assert "CPU, 2 threads" in out
+    # --paired: one row per loss, CrossBatchMemory against the floor and the direct call.
+    assert [row[0] for row in paired] == ["loss", *losses]
+    assert all(row[5].endswith("x") and row[6].endswith("x") for row in paired[1:])
+
+
+def test_bench_memory_bank_cuda_runs_on_a_gpu_or_says_there_is_none():
+    args = ["--memory", "64", "--batch", "8", "--dim", "8", "--device", "cuda"]
+    args += ["--warmup", "0", "--repeats", "1", "--rounds", "1"]
+    if torch.cuda.is_available():  # the CUDA timing branch at toy size
+        rows = table_rows(run_script("bench_memory_bank.py", *args))
+        assert len(rows) == 10 and all(row[2].endswith("x") for row in rows)
+        return
+    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)}
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_memory_bank.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode != 0
+    assert "--device cuda, but no CUDA GPU is available" in done.stderr
 
 
 def test_best_over_rounds_keeps_best_time_and_largest_peak():

@@ -7,7 +7,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from ..functional.validation import check_int
-from ..utils.loss_and_miner_utils import WeightedPairs
+from ..utils.loss_and_miner_utils import WeightedPairs, takes_self_index
 
 PLUGIN_LOSSES = ["FastAPLoss", "QuantizedAPLoss", "RankedListLoss"]
 
@@ -21,9 +21,24 @@ class CrossBatchMemory(PMLCrossBatchMemory):
     never on PML's class: PML's allow-list goes by class name, and PML's own ``FastAPLoss`` /
     ``RankedListLoss`` (which refuse ``ref_emb``) must stay refused there.
 
-    It works unchanged because PML passes the memory as ``ref_emb``/``ref_labels`` together with an
-    ``indices_tuple`` of all (query, memory) pairs minus each query's own slot, and our losses
-    restrict every query's ranked list to exactly those pairs. Same arguments as PML's class.
+    Same arguments as PML's class. Two paths, with equal values and gradients:
+
+    * **self-index path** (the fast one): when the loss takes a ``self_index`` (this package's
+      ``FastAPLoss``, ``QuantizedAPLoss``, ``RankedListLoss``), there is no extra
+      ``indices_tuple``, and the miner is ``None`` or takes a ``self_index`` too
+      (``RankedListMiner``), the loss is called with ``ref_emb`` / ``ref_labels`` = the memory and
+      ``self_index`` = the memory slots the batch was just written to: each query is ranked
+      against the whole memory but its own slot, pair categories derived from the labels chunk by
+      chunk (no ``batch x memory`` index tuple). A miner is called the same way and its pairs
+      handed to the loss. With ``enqueue_mask`` the queries (the rows not enqueued) are in no
+      slot, and nothing is left out (as in PML);
+    * **PML's path** otherwise (PML's losses, other miners, an extra ``indices_tuple``): PML
+      passes the memory together with an ``indices_tuple`` of all (query, memory) pairs (or the
+      miner's) minus each query's own slot, and our losses restrict every ranked list to exactly
+      those pairs.
+
+    One difference of the self-index path: a batch of a single embedding leaves its own slot out
+    too (PML 2.9's ``remove_self_comparisons`` misses it when the batch has one row).
 
     Differences from PML's class:
 
@@ -70,7 +85,46 @@ class CrossBatchMemory(PMLCrossBatchMemory):
                 f"a batch of {len(embeddings)} embeddings does not fit in the memory "
                 f"(memory_size={self.memory_size}): use memory_size >= the batch size"
             )
-        return super().forward(embeddings, labels, indices_tuple, enqueue_mask)
+        if indices_tuple is not None or not self._takes_self_index():
+            return super().forward(embeddings, labels, indices_tuple, enqueue_mask)
+        return self._forward_self_index(embeddings, labels, enqueue_mask)
+
+    def _takes_self_index(self) -> bool:
+        """Whether the loss (and the miner, if any) accept ``self_index``: checked per call, so a
+        loss or miner swapped after construction is handled too."""
+        if not takes_self_index(self.loss.forward, self.loss.compute_loss):
+            return False
+        return self.miner is None or takes_self_index(self.miner.forward, self.miner.mine)
+
+    def _forward_self_index(self, embeddings, labels, enqueue_mask):
+        # PML 2.9's CrossBatchMemory.forward up to the memory update (same queue, same state),
+        # then the memory and the slots of the batch instead of an indices_tuple.
+        self.reset_stats()
+        device = embeddings.device
+        labels = c_f.to_device(labels, device=device)
+        self.embedding_memory = c_f.to_device(
+            self.embedding_memory, device=device, dtype=embeddings.dtype
+        )
+        self.label_memory = c_f.to_device(self.label_memory, device=device, dtype=labels.dtype)
+        if enqueue_mask is not None:
+            emb_for_queue, labels_for_queue = embeddings[enqueue_mask], labels[enqueue_mask]
+            embeddings, labels = embeddings[~enqueue_mask], labels[~enqueue_mask]
+        else:
+            emb_for_queue, labels_for_queue = embeddings, labels
+        self.add_to_memory(emb_for_queue, labels_for_queue, len(emb_for_queue))
+        if self.has_been_filled:
+            E_mem, L_mem = self.embedding_memory, self.label_memory
+        else:
+            E_mem = self.embedding_memory[: self.queue_idx]
+            L_mem = self.label_memory[: self.queue_idx]
+        # The queries were written to curr_batch_idx (< queue_idx until the memory wraps, when
+        # E_mem becomes the whole memory); with enqueue_mask the queries are the rows not
+        # enqueued, in no slot.
+        self_index = self.curr_batch_idx if enqueue_mask is None else None
+        if self.miner is None:
+            return self.loss(embeddings, labels, None, E_mem, L_mem, self_index=self_index)
+        pairs = self.miner(embeddings, labels, E_mem, L_mem, self_index=self_index)
+        return self.loss(embeddings, labels, pairs, E_mem, L_mem)
 
     def create_indices_tuple(
         self, embeddings, labels, E_mem, L_mem, input_indices_tuple, do_remove_self_comparisons

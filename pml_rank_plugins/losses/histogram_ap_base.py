@@ -14,13 +14,14 @@ from ..functional.validation import (
     validate_indices_tuple,
 )
 from ..utils.loss_and_miner_utils import pair_masks
+from .self_index import SelfIndexForward
 
 # Upper bound on num_bins: the histograms take (N, 2, num_bins + 1) floats, and published settings
 # stay below 100 (FastAP 10-20, listwise AP 20-25); 1e9 bins is a typo, refused with the key named.
 MAX_NUM_BINS = 4096
 
 
-class HistogramAPLoss(BaseMetricLossFunction):
+class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     """Loss ``1 - AP_i`` per query, AP computed from soft histograms of pairwise scores.
 
     Subclasses define the histogrammed value (``_bin_transform``: offset and scale mapping the dot
@@ -30,7 +31,9 @@ class HistogramAPLoss(BaseMetricLossFunction):
     Per query ``i`` the ranked list holds the reference items ``j`` with ``pos[i, j]`` or
     ``neg[i, j]`` (:func:`~pml_rank_plugins.utils.loss_and_miner_utils.pair_masks`: same label /
     other label without ``indices_tuple``, the self pair removed when ranking the batch against
-    itself; with ``indices_tuple`` only the mined pairs of ``i``). Queries without a positive or
+    itself, or the column ``self_index[i]`` of ``ref_emb`` that holds the query (see
+    :class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`); with ``indices_tuple`` only
+    the mined pairs of ``i``). Queries without a positive or
     without a negative in their list have no defined AP: they are excluded from the loss and
     counted in ``num_skipped_queries``. Output: ``"element"`` losses ``w_i (1 - AP_i)`` for the
     valid queries (``w_i = 1`` unless class balancing is on), so the default ``MeanReducer`` gives
@@ -74,7 +77,7 @@ class HistogramAPLoss(BaseMetricLossFunction):
         return None
 
     # -- PML --------------------------------------------------------------------------------------
-    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
         c_f.labels_required(labels)
         if ref_labels is None:
             raise ValueError("ref_labels are required with ref_emb")
@@ -93,7 +96,7 @@ class HistogramAPLoss(BaseMetricLossFunction):
             return self._connected_zero(queries, refs)
         with torch.no_grad():
             categories, num_pos, num_neg = self._list_categories(
-                labels, ref_labels, indices_tuple, is_self
+                labels, ref_labels, indices_tuple, is_self or self_index is not None
             )
             valid = (num_pos > 0) & (num_neg > 0)
         self.num_valid_queries = int(valid.sum())
@@ -105,6 +108,8 @@ class HistogramAPLoss(BaseMetricLossFunction):
             categories = categories[rows]
         else:
             self_columns = rows if is_self else None
+            if self_index is not None:
+                self_columns = self_index[rows]
             categories = LabelCategories(labels[rows], ref_labels, self_columns)
         offset, scale = self._bin_transform()
         hist = pair_histograms(
@@ -128,7 +133,10 @@ class HistogramAPLoss(BaseMetricLossFunction):
     @staticmethod
     def _list_categories(labels, ref_labels, indices_tuple, is_self):
         """Per-pair categories (dense int8 with a miner, else ``None``: derived per chunk from the
-        labels) and per-query positive / negative counts. Without a miner this is O(N + M)."""
+        labels) and per-query positive / negative counts. Without a miner this is O(N + M).
+        ``is_self``: each query has one same-label column of its own (the diagonal, or its
+        ``self_index``), not counted as a positive; with ``indices_tuple`` it means the
+        diagonal."""
         if indices_tuple is not None:
             pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
             return pair_categories(pos_mask, neg_mask), pos_mask.sum(1), neg_mask.sum(1)

@@ -27,9 +27,10 @@ from ..utils.loss_and_miner_utils import (
     pair_masks,
     ranked_list_categories,
 )
+from .self_index import SelfIndexForward
 
 
-class RankedListLoss(BaseMetricLossFunction):
+class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
     """Ranked List Loss: per query, ``L = L_P + lam L_N`` (eq. 13), mean over queries (eq. 14).
 
     Per query ``i`` and reference item ``j`` at distance ``d`` (default ``LpDistance``: Euclidean
@@ -65,6 +66,10 @@ class RankedListLoss(BaseMetricLossFunction):
             taken to ``ref_emb.detach()``. When ``ref_emb`` is the batch, every embedding still
             gets gradient as the query of its own list. ``True``: gradient reaches both ends of
             every pair.
+
+    ``self_index`` (keyword of ``forward``): the column of ``ref_emb`` holding each query itself,
+    left out of its list (:class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`; what
+    :class:`~pml_rank_plugins.losses.CrossBatchMemory` passes instead of an ``indices_tuple``).
 
     ``indices_tuple``: from any PML miner (pairs or triplets); each query's list is restricted to
     its mined pairs, then to RLL's non-trivial ones. If it carries ``.weights`` aligned with the
@@ -154,7 +159,7 @@ class RankedListLoss(BaseMetricLossFunction):
     def get_default_distance(self):
         return LpDistance(p=2, power=1, normalize_embeddings=True)
 
-    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
         c_f.labels_required(labels)
         if ref_labels is None:
             raise ValueError("ref_labels are required with ref_emb")
@@ -163,9 +168,11 @@ class RankedListLoss(BaseMetricLossFunction):
         # Under torch.autocast the distance product would run in bfloat16/float16 (and its
         # backward mix dtypes): everything here is computed in float32 or better instead.
         with torch.autocast(embeddings.device.type, enabled=False):
-            return self._compute_loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+            return self._compute_loss(
+                embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index
+            )
 
-    def _compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+    def _compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index):
         emb, ref, is_self = prepare_embeddings(embeddings, ref_emb)
         # Before anything indexes with them: a negative index would silently wrap around.
         validate_indices_tuple(indices_tuple, len(emb), len(ref))
@@ -181,7 +188,9 @@ class RankedListLoss(BaseMetricLossFunction):
         if chunkable is not None:
             queries, refs = chunkable
             with torch.no_grad():
-                categories = ranked_list_categories(labels, ref_labels, indices_tuple, is_self)
+                categories = ranked_list_categories(
+                    labels, ref_labels, indices_tuple, is_self, self_index
+                )
             terms = chunked_ranked_list_terms(
                 queries,
                 refs,
@@ -194,7 +203,7 @@ class RankedListLoss(BaseMetricLossFunction):
             dist = distance_matrix(self.distance, emb, ref, self.gallery_gradient)
             with torch.no_grad():
                 pos_mask, neg_mask = pair_masks(
-                    labels, ref_labels, indices_tuple, exclude_self=is_self
+                    labels, ref_labels, indices_tuple, exclude_self=is_self, self_index=self_index
                 )
                 dense_weights = None
                 if neg_weights is not None:

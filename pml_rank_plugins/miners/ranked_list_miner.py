@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.miners import BaseMiner
+from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.ranked_list import (
     check_rll_params,
@@ -17,6 +18,7 @@ from ..functional.validation import check_labels, prepare_embeddings
 from ..utils.loss_and_miner_utils import (
     WeightedPairs,
     check_chunk_size,
+    check_self_index,
     distance_matrix,
     euclidean_embeddings,
     pair_masks,
@@ -57,6 +59,12 @@ class RankedListMiner(BaseMiner):
         alpha: keyword-only; ``None`` (default): ``1 + margin / 2``, as the loss.
         chunk_size: query rows per chunk (``None``: automatic).
 
+    ``self_index`` (keyword of ``forward``): ``(N,)`` column of ``ref_emb`` that holds query
+    ``i`` itself (same label), left out of its list before mining -- the pairs PML's
+    ``remove_self_comparisons`` would remove afterwards, while ``.weights`` stay aligned (a
+    query's own column is a positive, never a weighted negative).
+    :class:`pml_rank_plugins.losses.CrossBatchMemory` passes the memory slots of the batch.
+
     Labels must be class ids: bool labels are a ``ValueError``, as in the losses.
     """
 
@@ -83,21 +91,59 @@ class RankedListMiner(BaseMiner):
     def get_default_distance(self):
         return LpDistance(p=2, power=1, normalize_embeddings=True)
 
-    def forward(self, embeddings, labels, ref_emb=None, ref_labels=None) -> WeightedPairs:
+    def forward(
+        self, embeddings, labels, ref_emb=None, ref_labels=None, *, self_index=None
+    ) -> WeightedPairs:
+        """PML's ``BaseMiner.forward``, plus ``self_index``.
+
+        Args:
+            embeddings: ``(N, D)`` query embeddings.
+            labels: ``(N,)`` query labels.
+            ref_emb: ``(M, D)`` reference embeddings (``None``: the batch itself).
+            ref_labels: ``(M,)`` reference labels.
+            self_index: ``(N,)`` integer tensor, the column of ``ref_emb`` holding each query
+                (left out of its list); needs ``ref_emb``. ``None``: none.
+
+        Returns:
+            The mined :class:`WeightedPairs`.
+
+        Raises:
+            ValueError: missing labels, ``self_index`` without ``ref_emb`` / ``ref_labels``, or a
+                malformed ``self_index``.
+        """
         if labels is None:  # PML's BaseMiner.forward would fail with an AttributeError
             raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
-        return super().forward(embeddings, labels, ref_emb, ref_labels)
+        if self_index is None:
+            return super().forward(embeddings, labels, ref_emb, ref_labels)
+        if ref_emb is None or ref_labels is None:
+            raise ValueError(
+                "self_index names columns of ref_emb: pass ref_emb and ref_labels with it (the "
+                "batch against itself already leaves out its diagonal)"
+            )
+        # The body of PML 2.9's BaseMiner.forward, with self_index passed on to mine.
+        self.reset_stats()
+        with torch.no_grad():
+            c_f.check_shapes(embeddings, labels)
+            labels = c_f.to_device(labels, embeddings)
+            ref_emb, ref_labels = c_f.set_ref_emb(embeddings, labels, ref_emb, ref_labels)
+            mining_output = self.mine(
+                embeddings, labels, ref_emb, ref_labels, self_index=self_index
+            )
+        self.output_assertion(mining_output)
+        return mining_output
 
-    def mine(self, embeddings, labels, ref_emb, ref_labels) -> WeightedPairs:
+    def mine(self, embeddings, labels, ref_emb, ref_labels, self_index=None) -> WeightedPairs:
         if labels is None or ref_labels is None:
             raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
         check_labels(labels, "labels")
         check_labels(ref_labels, "ref_labels")
+        if self_index is not None:
+            self_index = check_self_index(self_index, labels, ref_labels)
         # Under torch.autocast the distance product would run in low precision: mine in float32.
         with torch.autocast(embeddings.device.type, enabled=False):
-            return self._mine(embeddings, labels, ref_emb, ref_labels)
+            return self._mine(embeddings, labels, ref_emb, ref_labels, self_index)
 
-    def _mine(self, embeddings, labels, ref_emb, ref_labels) -> WeightedPairs:
+    def _mine(self, embeddings, labels, ref_emb, ref_labels, self_index=None) -> WeightedPairs:
         emb, ref, is_self = prepare_embeddings(embeddings, ref_emb)
         if len(emb) == 0 or len(ref) == 0:  # nothing to rank: empty tuples
             empty = torch.zeros(0, dtype=torch.long, device=emb.device)
@@ -106,13 +152,15 @@ class RankedListMiner(BaseMiner):
             return WeightedPairs(empty, empty, empty, empty, weights=emb.new_zeros(0))
         chunkable = euclidean_embeddings(self.distance, emb, ref, is_self, False)
         if chunkable is not None:
-            categories = ranked_list_categories(labels, ref_labels, None, is_self)
+            categories = ranked_list_categories(labels, ref_labels, None, is_self, self_index)
             a1, p, a2, n, weights = chunked_ranked_list_mining(
                 *chunkable, categories, self.alpha, self.margin, self.Tn, self.chunk_size
             )
         else:  # any other distance object: its (N, M) matrix
             dist = distance_matrix(self.distance, emb, ref)
-            pos_mask, neg_mask = pair_masks(labels, ref_labels, exclude_self=is_self)
+            pos_mask, neg_mask = pair_masks(
+                labels, ref_labels, exclude_self=is_self, self_index=self_index
+            )
             pos, neg = mine_non_trivial(dist, pos_mask, neg_mask, self.alpha, self.margin)
             a1, p = pos.nonzero(as_tuple=True)
             a2, n = neg.nonzero(as_tuple=True)

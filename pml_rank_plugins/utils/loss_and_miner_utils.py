@@ -10,12 +10,17 @@
 * :func:`distance_matrix`, :func:`euclidean_embeddings`: the ``(N, M)`` matrix of a PML distance
   object, and the inputs of the chunked Euclidean kernels for PML's default ``LpDistance``.
 * :func:`check_chunk_size`, :func:`ranked_list_categories`: Ranked List Loss / miner arguments.
+* :func:`check_self_index`, :func:`takes_self_index`: the per-query *self index* (the reference
+  column that holds the query itself, e.g. its slot in a memory bank), which the losses and the
+  miner take instead of an ``indices_tuple`` of all pairs minus the self pairs.
 
 Everything here knows PML (distance objects, ``lmu.convert_to_pairs``); the pure tensor math
 lives in :mod:`pml_rank_plugins.functional`.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 from pytorch_metric_learning.distances import BaseDistance, LpDistance
@@ -62,6 +67,7 @@ def pair_masks(
     ref_labels: torch.Tensor,
     indices_tuple=None,
     exclude_self: bool = True,
+    self_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(pos, neg)``, two ``(N, M)`` bool masks over (query, reference) pairs.
 
@@ -80,6 +86,8 @@ def pair_masks(
         ref_labels: ``(M,)`` reference labels.
         indices_tuple: ``None``, a PML pair tuple ``(a1, p, a2, n)`` or triplet ``(a, p, n)``.
         exclude_self: remove the diagonal (the batch is its own reference set; needs N == M).
+        self_index: ``(N,)`` reference column of each query's own copy (checked by
+            :func:`check_self_index`), removed from its list; ``None``: nothing removed.
 
     Raises ``ValueError`` naming the element of a malformed ``indices_tuple`` (negative or
     out-of-range index, non-integer dtype, mismatched lengths): see
@@ -93,6 +101,8 @@ def pair_masks(
             if n != m:
                 raise ValueError("exclude_self needs as many queries as reference items")
             pos.fill_diagonal_(False)
+        if self_index is not None:
+            pos[torch.arange(n, device=pos.device), self_index] = False
         return pos, neg
     validate_indices_tuple(indices_tuple, n, m)
     a1, p, a2, ng = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
@@ -103,6 +113,10 @@ def pair_masks(
     if exclude_self and n == m:
         pos.fill_diagonal_(False)
         neg.fill_diagonal_(False)
+    if self_index is not None:
+        rows = torch.arange(n, device=pos.device)
+        pos[rows, self_index] = False
+        neg[rows, self_index] = False
     return pos, neg
 
 
@@ -208,7 +222,11 @@ def check_chunk_size(chunk_size) -> int | None:
 
 
 def ranked_list_categories(
-    labels: torch.Tensor, ref_labels: torch.Tensor, indices_tuple, is_self: bool
+    labels: torch.Tensor,
+    ref_labels: torch.Tensor,
+    indices_tuple,
+    is_self: bool,
+    self_index: torch.Tensor | None = None,
 ):
     """Pair categories of the ranked lists (0 positive, 1 negative, 2 ignored).
 
@@ -220,13 +238,94 @@ def ranked_list_categories(
         ref_labels: ``(M,)`` reference labels.
         indices_tuple: ``None`` or a PML pair / triplet tuple.
         is_self: the references are the batch itself (self pairs ignored).
+        self_index: ``(N,)`` reference column of each query's own copy, ignored (checked by
+            :func:`check_self_index`); ``None``: none.
 
     Returns:
         A :class:`~pml_rank_plugins.functional.chunking.LabelCategories` or an ``(N, M)`` int8
         tensor.
     """
     if indices_tuple is None:
-        self_columns = torch.arange(len(labels), device=labels.device) if is_self else None
+        self_columns = self_index
+        if is_self:
+            self_columns = torch.arange(len(labels), device=labels.device)
         return LabelCategories(labels, ref_labels, self_columns)
-    pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
+    pos_mask, neg_mask = pair_masks(
+        labels, ref_labels, indices_tuple, exclude_self=is_self, self_index=self_index
+    )
     return pair_categories(pos_mask, neg_mask)
+
+
+def check_self_index(
+    self_index, labels: torch.Tensor, ref_labels: torch.Tensor, indices_tuple=None
+) -> torch.Tensor:
+    """Checks a per-query self index and returns it as an int64 tensor on the labels' device.
+
+    ``self_index[i]`` is the reference column that holds query ``i`` itself (for
+    :class:`~pml_rank_plugins.losses.CrossBatchMemory`: the memory slot the batch was just
+    written to). That one pair is left out of query ``i``'s ranked list, exactly as PML's
+    ``remove_self_comparisons`` removes it from an ``indices_tuple`` of all pairs; the column
+    holds the query, so it must carry the query's label. O(N).
+
+    Args:
+        self_index: ``(N,)`` integer tensor, one column in ``[0, M)`` per query.
+        labels: ``(N,)`` query labels.
+        ref_labels: ``(M,)`` reference labels.
+        indices_tuple: must be ``None``: mined pairs already say which pairs a list holds.
+
+    Returns:
+        ``self_index`` as int64 on ``labels.device``.
+
+    Raises:
+        ValueError: naming ``self_index`` for a non-integer dtype, a shape other than ``(N,)``,
+            an entry outside ``[0, M)``, a column whose label differs from the query's, or an
+            ``indices_tuple`` given too.
+    """
+    if indices_tuple is not None:
+        raise ValueError(
+            "self_index and indices_tuple are exclusive: self_index removes each query's own "
+            "column from the lists of all pairs; with mined pairs, leave the self pairs out of "
+            "the indices_tuple instead"
+        )
+    if not isinstance(self_index, torch.Tensor):
+        raise ValueError(f"self_index must be a torch.Tensor of column indices, got {self_index!r}")
+    if (
+        self_index.dtype.is_floating_point
+        or self_index.dtype.is_complex
+        or (self_index.dtype == torch.bool)
+    ):
+        raise ValueError(f"self_index must hold integer column indices, got {self_index.dtype}")
+    n, m = len(labels), len(ref_labels)
+    if tuple(self_index.shape) != (n,):
+        raise ValueError(
+            f"self_index must have shape ({n},), one column per query, got "
+            f"{tuple(self_index.shape)}"
+        )
+    self_index = self_index.to(device=labels.device, dtype=torch.long)
+    if n and (int(self_index.min()) < 0 or int(self_index.max()) >= m):
+        raise ValueError(
+            f"self_index entries must be reference columns in [0, {m}), got the range "
+            f"[{int(self_index.min())}, {int(self_index.max())}]"
+        )
+    if n and not torch.equal(ref_labels[self_index].to(labels.dtype), labels):
+        bad = int(torch.nonzero(ref_labels[self_index].to(labels.dtype) != labels)[0])
+        raise ValueError(
+            f"self_index[{bad}] = {int(self_index[bad])} is not query {bad}'s own column: "
+            f"ref_labels there is {ref_labels[self_index[bad]].item()}, the query's label is "
+            f"{labels[bad].item()}"
+        )
+    return self_index
+
+
+def takes_self_index(*methods) -> bool:
+    """Whether every one of ``methods`` accepts a ``self_index`` keyword (the losses' ``forward``
+    and ``compute_loss``, the miner's ``forward`` and ``mine``). A subclass that overrides one of
+    them without it keeps the indices-tuple path of its caller.
+
+    Args:
+        methods: bound methods or functions.
+
+    Returns:
+        ``True`` when all of them have a parameter named ``self_index``.
+    """
+    return all("self_index" in inspect.signature(method).parameters for method in methods)

@@ -1,0 +1,71 @@
+"""The ``self_index`` keyword of the list-wise losses' ``forward`` (memory-bank fast path)."""
+
+from __future__ import annotations
+
+from pytorch_metric_learning.utils import common_functions as c_f
+
+from ..utils.loss_and_miner_utils import check_self_index
+
+
+class SelfIndexForward:
+    """Mixin (before PML's ``BaseMetricLossFunction``) adding a keyword-only ``self_index`` to
+    ``forward``, passed on to ``compute_loss(..., self_index=...)``.
+
+    ``loss(embeddings, labels, ref_emb=memory, ref_labels=memory_labels, self_index=slots)``
+    ranks every query against all of ``memory`` but its own slot ``slots[i]``: the same lists as
+    PML's ``indices_tuple`` of all (query, memory) pairs minus the self comparisons, without
+    building that ``N x M`` index tuple (what :class:`~pml_rank_plugins.losses.CrossBatchMemory`
+    calls). ``self_index=None`` (default) is PML's ``forward``, unchanged.
+    """
+
+    def forward(
+        self,
+        embeddings,
+        labels=None,
+        indices_tuple=None,
+        ref_emb=None,
+        ref_labels=None,
+        *,
+        self_index=None,
+    ):
+        """PML's ``BaseMetricLossFunction.forward``, plus ``self_index``.
+
+        Args:
+            embeddings: ``(N, D)`` query embeddings.
+            labels: ``(N,)`` query labels.
+            indices_tuple: PML pair / triplet tuple, or ``None``; exclusive with ``self_index``.
+            ref_emb: ``(M, D)`` reference embeddings (``None``: the batch itself).
+            ref_labels: ``(M,)`` reference labels.
+            self_index: ``(N,)`` integer tensor: the column of ``ref_emb`` that holds query
+                ``i`` itself (same label), left out of query ``i``'s list; needs ``ref_emb``.
+                ``None``: no column left out (the batch's own diagonal still is when
+                ``ref_emb`` is ``None``).
+
+        Returns:
+            The reduced loss.
+
+        Raises:
+            ValueError: ``self_index`` without ``ref_emb`` / ``ref_labels`` / ``labels``, with an
+                ``indices_tuple``, or malformed
+                (:func:`~pml_rank_plugins.utils.loss_and_miner_utils.check_self_index`).
+        """
+        if self_index is None:
+            return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        if ref_emb is None or ref_labels is None or labels is None:
+            raise ValueError(
+                "self_index names columns of ref_emb: pass labels, ref_emb and ref_labels with it "
+                "(the batch against itself already leaves out its diagonal)"
+            )
+        # The body of PML 2.9's BaseMetricLossFunction.forward, with self_index passed on
+        # (PML's forward takes no extra arguments); tests compare it with PML's path, reducers
+        # and regularizers included.
+        self.reset_stats()
+        c_f.check_shapes(embeddings, labels)
+        labels = c_f.to_device(labels, embeddings)
+        ref_emb, ref_labels = c_f.set_ref_emb(embeddings, labels, ref_emb, ref_labels)
+        self_index = check_self_index(self_index, labels, ref_labels, indices_tuple)
+        loss_dict = self.compute_loss(
+            embeddings, labels, None, ref_emb, ref_labels, self_index=self_index
+        )
+        self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
+        return self.reducer(loss_dict, embeddings, labels)
