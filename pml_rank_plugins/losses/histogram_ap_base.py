@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
-from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
 from ..functional.validation import (
     check_int,
-    check_labels,
     prepare_embeddings,
     validate_indices_tuple,
 )
-from ..utils.loss_and_miner_utils import pair_masks
+from ..utils.loss_and_miner_utils import check_loss_labels, pair_masks
 from .self_index import SelfIndexForward
 
 # Upper bound on num_bins: the histograms take (N, 2, num_bins + 1) floats, and published settings
@@ -78,11 +76,7 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
 
     # -- PML --------------------------------------------------------------------------------------
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
-        c_f.labels_required(labels)
-        if ref_labels is None:
-            raise ValueError("ref_labels are required with ref_emb")
-        check_labels(labels, "labels")
-        check_labels(ref_labels, "ref_labels")
+        check_loss_labels(labels, ref_labels)
         # The distance is checked to be an L2-normalizing one; normalize here, overflow-safe.
         queries, refs, is_self = prepare_embeddings(embeddings, ref_emb, normalize=True)
         # Before the empty-input shortcut, so a malformed or out-of-range indices_tuple is an

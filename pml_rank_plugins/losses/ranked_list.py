@@ -16,12 +16,12 @@ from ..functional.ranked_list import (
 from ..functional.ranked_list_chunked import SparseWeights, chunked_ranked_list_terms
 from ..functional.validation import (
     check_finite,
-    check_labels,
     prepare_embeddings,
     validate_indices_tuple,
 )
 from ..utils.loss_and_miner_utils import (
     check_chunk_size,
+    check_loss_labels,
     distance_matrix,
     euclidean_embeddings,
     pair_masks,
@@ -160,11 +160,7 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         return LpDistance(p=2, power=1, normalize_embeddings=True)
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
-        c_f.labels_required(labels)
-        if ref_labels is None:
-            raise ValueError("ref_labels are required with ref_emb")
-        check_labels(labels, "labels")
-        check_labels(ref_labels, "ref_labels")
+        check_loss_labels(labels, ref_labels)
         # Under torch.autocast the distance product would run in bfloat16/float16 (and its
         # backward mix dtypes): everything here is computed in float32 or better instead.
         with torch.autocast(embeddings.device.type, enabled=False):

@@ -24,12 +24,18 @@ import inspect
 
 import torch
 from pytorch_metric_learning.distances import BaseDistance, LpDistance
+from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from ..functional.chunking import LabelCategories
 from ..functional.euclidean import euclidean_distances
 from ..functional.soft_histogram import pair_categories
-from ..functional.validation import check_int, normalize_rows, validate_indices_tuple
+from ..functional.validation import (
+    check_int,
+    check_labels,
+    normalize_rows,
+    validate_indices_tuple,
+)
 
 
 class WeightedPairs(tuple):
@@ -329,3 +335,17 @@ def takes_self_index(*methods) -> bool:
         ``True`` when all of them have a parameter named ``self_index``.
     """
     return all("self_index" in inspect.signature(method).parameters for method in methods)
+
+
+def check_loss_labels(labels: torch.Tensor | None, ref_labels: torch.Tensor | None) -> None:
+    """The label checks every loss of this package runs first: labels given (PML's rule), ref
+    labels given with ``ref_emb``, and neither a bool mask (:func:`check_labels`).
+
+    Raises:
+        ValueError: naming the missing or bool argument.
+    """
+    c_f.labels_required(labels)
+    if ref_labels is None:
+        raise ValueError("ref_labels are required with ref_emb")
+    check_labels(labels, "labels")
+    check_labels(ref_labels, "ref_labels")
