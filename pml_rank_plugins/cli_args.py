@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--resume",
         action="store_true",
-        help="continue from checkpoints/latest.pt; the config may only change the budget "
+        help="continue from checkpoints/latest.pt; the config may only change the budget and "
+        "data_root "
         "(--set trainer.num_epochs=12 extends a finished run)",
     )
     add_overwrite(t)

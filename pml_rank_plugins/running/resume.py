@@ -1,8 +1,9 @@
 """The resume policy: what may change when a run is continued, and when a run has plateaued.
 
-``--resume`` continues a run from its ``latest.pt``. Only the budget (:data:`BUDGET_KEYS`) may
-differ from the saved ``config.yaml``, so a finished run can be extended with more epochs or a
-longer patience; any other change is refused with the list of changed keys.
+``--resume`` continues a run from its ``latest.pt``. Only the budget (:data:`BUDGET_KEYS`) and
+where the data lives (``data_root``: the data moved, or ``--data-root``/``$PML_RANK_DATA`` is set
+now and was not then) may differ from the saved ``config.yaml``, so a finished run can be extended
+with more epochs or a longer patience; any other change is refused with the list of changed keys.
 """
 
 from __future__ import annotations
@@ -14,16 +15,19 @@ from ..experiment.schema import MISSING, ConfigError, config_diff
 
 # Config keys that may change when resuming: they extend or shorten the budget, nothing else.
 BUDGET_KEYS = ("trainer.*.num_epochs", "eval.patience", "eval.test_interval")
+# Where the files are, not what is trained: may change too (as `eval --data-root` may).
+LOCATION_KEYS = ("data_root",)
 
 
 def check_resume_config(saved: dict, config: dict, saved_path: Path) -> None:
-    """Raise ``ConfigError`` listing every changed key except :data:`BUDGET_KEYS`."""
+    """Raise ``ConfigError`` listing every changed key except :data:`BUDGET_KEYS` and
+    :data:`LOCATION_KEYS`."""
     changed = [d for d in config_diff(saved, config) if not _is_budget_key(d[0])]
     if changed:
         shown = "; ".join(f"{path}: {_show(old)} -> {_show(new)}" for path, old, new in changed)
         raise ConfigError(
             f"--resume: config differs from {saved_path} in {shown}. Only the budget "
-            f"({', '.join(BUDGET_KEYS)}) may change on resume; train the changed config into "
+            f"({', '.join(BUDGET_KEYS)}) and data_root may change on resume; train the changed config into "
             "another --out (or pass --overwrite without --resume to start again)"
         )
 
@@ -33,7 +37,7 @@ def _is_budget_key(path: str) -> bool:
     return any(
         len(parts) == len(pat.split("."))
         and all(p == q or q == "*" for p, q in zip(parts, pat.split(".")))
-        for pat in BUDGET_KEYS
+        for pat in BUDGET_KEYS + LOCATION_KEYS
     )
 
 

@@ -271,3 +271,14 @@ def test_on_epoch_sees_every_row_and_can_stop_the_run_like_an_interruption(tmp_p
     resumed = runner.train(None, tmp_path / "r", resume=True, on_epoch=stop_after_first)
     whole = runner.train(tiny_config(), tmp_path / "whole")
     assert seen == [1, 2] and resumed["history"] == whole["history"]  # resumes like any run
+
+
+def test_resume_accepts_a_new_data_root(tmp_path):
+    # `make test` / a user's shell may set PML_RANK_DATA after the run was trained without it:
+    # where the data lives is not part of the experiment, so resume takes it (like eval does)
+    runner.train(tiny_config(), tmp_path / "r", stop_after_epoch=1)
+    moved = dict(tiny_config(), data_root=str(tmp_path))
+    m = runner.train(moved, tmp_path / "r", resume=True)
+    assert m["epochs_run"] == 2
+    with pytest.raises(Exception, match="seed: 0 -> 5"):  # everything else is still refused
+        runner.train(dict(moved, seed=5), tmp_path / "r", resume=True)
