@@ -21,12 +21,10 @@ from optuna.trial import TrialState
 
 from ..experiment.methods import check_methods, collect_methods, slug
 from ..running.tune import TUNE_FILE, check_tune_config, tune
+from . import style
 from .tables import metric_label
 
 LOGGER = logging.getLogger(__name__)
-# Okabe & Ito's colour-blind-safe palette, with a marker per method as a second cue.
-COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 def collect_tune_methods(
@@ -103,13 +101,11 @@ def _short(value) -> str:
 def write_tune_outputs(
     summary: dict, studies: Mapping[str, optuna.Study], out_dir: Path, primary: str
 ) -> list[Path]:
-    """Write ``tune.json``, ``tune.md`` and the plots; returns the plot paths."""
+    """Write ``tune.json``, ``tune.md`` and the plots; returns the plot paths (PNG and PDF)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = [write_history(studies, out_dir / "tune_history.png", primary)]
+    plots = write_history(studies, out_dir / "tune_history.png", primary)
     for method, study in studies.items():
-        path = write_importance(study, out_dir / f"importance_{slug(method)}.png", method)
-        if path is not None:
-            plots.append(path)
+        plots += write_importance(study, out_dir / f"importance_{slug(method)}.png", method)
     summary["plots"] = [str(p) for p in plots]
     (out_dir / TUNE_FILE).write_text(json.dumps(summary, indent=2))
     (out_dir / "tune.md").write_text(markdown(summary, primary))
@@ -129,69 +125,48 @@ def best_so_far(study: optuna.Study) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def write_history(studies: Mapping[str, optuna.Study], path: Path, primary: str) -> Path:
-    """``tune_history.png`` (and ``.pdf``): best validation value so far vs trial, per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def write_history(studies: Mapping[str, optuna.Study], path: Path, primary: str) -> list[Path]:
+    """``tune_history.png`` (and ``.pdf``): best validation value so far vs trial, per method, in
+    the comparison figures' style (:mod:`.style`: one colour per loss family, PML dashed)."""
     import matplotlib.ticker
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for i, (method, study) in enumerate(studies.items()):
+    fig = style.new_figure(8, 4.5)
+    ax = fig.add_subplot()
+    styles = style.method_styles(studies)
+    for method, study in studies.items():
         xs, ys = best_so_far(study)
-        ax.step(
-            xs,
-            [100 * y for y in ys],
-            where="post",
-            color=COLORS[i % len(COLORS)],
-            marker=MARKERS[i % len(MARKERS)],
-            label=method,
-            linewidth=1.8,
-        )
-    ax.set_title("Tuning history: best validation value so far", fontsize=12)
+        ys = [100 * y for y in ys]
+        ax.step(xs, ys, where="post", label=method, linewidth=1.8, markersize=6, **styles[method])
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("trial (pruned and failed trials keep the best so far)", fontsize=11)
-    ax.set_ylabel(f"best validation {metric_label(primary)} (%)", fontsize=11)
-    ax.tick_params(labelsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    fig.savefig(path.with_suffix(".pdf"))
-    plt.close(fig)
-    return path
+    style.label_axes(
+        ax,
+        "Tuning history: best validation value so far",
+        "trial (pruned and failed trials keep the best so far)",
+        f"best validation {metric_label(primary)} (%)",
+    )
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0, fontsize=10)
+    return style.save_figure(fig, path)
 
 
-def write_importance(study: optuna.Study, path: Path, method: str) -> Path | None:
-    """A horizontal bar chart of Optuna's fANOVA parameter importances for one method, or None
-    (with a log line) when the study cannot rank its parameters yet (fewer than two distinct
-    complete values)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    values = {t.value for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE}
-    if len(values) < 2:
+def write_importance(study: optuna.Study, path: Path, method: str) -> list[Path]:
+    """A horizontal bar chart of Optuna's fANOVA parameter importances for one method (PNG and
+    PDF), or no file (``[]``, with a log line) when the study cannot rank its parameters yet
+    (fewer than two distinct complete values)."""
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    if len({t.value for t in complete}) < 2:
         LOGGER.info("[%s] no importance plot: fewer than two distinct complete values", method)
-        return None
+        return []
     importances = optuna.importance.get_param_importances(study)
     names = list(importances)[::-1]  # most important on top
-    fig, ax = plt.subplots(figsize=(8, 1.9 + 0.45 * len(names)), dpi=120)
-    bars = ax.barh(names, [importances[n] for n in names], color=COLORS[0])
+    fig = style.new_figure(8, 1.9 + 0.45 * len(names))
+    ax = fig.add_subplot()
+    bars = ax.barh(names, [importances[n] for n in names], color=style.SERIES_COLORS[0])
     ax.bar_label(bars, fmt="%.2f", padding=3, fontsize=10)
     ax.set_xlim(0, 1.1)
-    complete = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
-    ax.set_title(
-        f"{method}\nparameter importance (fANOVA, {complete} complete trials)", fontsize=12
+    style.label_axes(
+        ax,
+        f"{method}\nparameter importance (fANOVA, {len(complete)} complete trials)",
+        "importance (sums to 1)",
+        "parameter (key path)",
     )
-    ax.set_xlabel("importance (sums to 1)", fontsize=11)
-    ax.set_ylabel("parameter (key path)", fontsize=11)
-    ax.tick_params(labelsize=10)
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    fig.savefig(path.with_suffix(".pdf"))
-    plt.close(fig)
-    return path
+    return style.save_figure(fig, path)
