@@ -236,8 +236,6 @@ def _run(args) -> int:
         return _report_failures(summary)
     elif args.command == "tune":
         (path,) = _config_paths([args.config])
-        if args.jobs < 1 or (args.trials is not None and args.trials < 1):
-            raise _BadArgument("--jobs and --trials must be >= 1")
         summary = run_tune(
             [path],
             args.out,

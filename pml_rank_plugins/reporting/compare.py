@@ -65,8 +65,9 @@ def run_comparison(
     """
     out_dir = Path(out_dir)
     selected = collect_methods(configs, overrides, methods, data_root)
-    if tuned is not None:
-        selected = apply_tuned(selected, load_tuned(tuned))
+    tuned_run = load_tuned(tuned) if tuned is not None else None
+    if tuned_run is not None:
+        selected = apply_tuned(selected, tuned_run)
     if reference is not None and reference not in selected:
         raise ValueError(f"--reference {reference!r}: not one of the methods {list(selected)}")
     check_methods(selected)
@@ -79,10 +80,9 @@ def run_comparison(
     summary["total_wall_seconds"] = time.perf_counter() - t_all
     summary["seeds"] = seeds
     summary["jobs"] = jobs
-    if tuned is not None:
+    if tuned_run is not None:
         summary["tuned_from"] = str(tuned)
-        entries = load_tuned(tuned)["methods"]
-        summary["tuned_params"] = {m: entries[m]["best_params"] for m in selected}
+        summary["tuned_params"] = {m: tuned_run["methods"][m]["best_params"] for m in selected}
     if distributed.is_main_process():  # under torchrun: rank 0 writes
         if pictures:
             summary["pictures"] = write_pictures(results, all_jobs, device)

@@ -32,7 +32,6 @@ import fcntl
 import json
 import logging
 import multiprocessing as mp
-import os
 import socket
 import time
 import zlib
@@ -301,8 +300,11 @@ def tune(
         raise ConfigError(
             "tune runs its own worker processes (--jobs); do not start it with torchrun"
         )
-    if jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    for flag, value in (("--jobs", jobs), ("--trials", trials)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ConfigError(f"{flag} must be an integer >= 1, got {value!r}")
     out_dir = Path(out_dir)
     url = storage or default_storage(out_dir)
     budgets = {}
@@ -327,8 +329,9 @@ def tune(
         ):
             for fut in [ex.submit(_worker, job, k, *shared) for k in range(jobs)]:
                 fut.result()
-        results[method] = study_summary(open_study(job), time.perf_counter() - t0, cfg)
+        # reloaded: the workers added the trials through their own connections
         studies[method] = open_study(job)
+        results[method] = study_summary(studies[method], time.perf_counter() - t0, cfg)
     return {"storage": public_url(url), "methods": results}, studies
 
 
@@ -384,5 +387,4 @@ def apply_tuned(configs: Mapping[str, dict], tuned: Mapping) -> dict[str, dict]:
     return out
 
 
-os.environ.setdefault("OPTUNA_DISABLE_PROGRESS_BAR", "1")
 optuna.logging.set_verbosity(optuna.logging.WARNING)

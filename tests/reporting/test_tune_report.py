@@ -94,3 +94,11 @@ def test_history_carries_the_best_over_pruned_and_failed_trials():
         trial = study.ask()
         study.tell(trial, value, state=state)
     assert best_so_far(study) == ([1, 2, 3, 4], [0.3, 0.3, 0.3, 0.5])
+
+
+def test_trials_or_jobs_below_one_exit_2(tmp_path, capsys):
+    path = write(tmp_path / "c.yaml", glyph_config())
+    for flag in ("--trials", "--jobs"):
+        assert main(["tune", path, "--out", str(tmp_path / "t"), flag, "0"]) == 2
+        assert f"{flag} must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
