@@ -151,14 +151,8 @@ def splits_to_eval(entries: list, available: dict) -> list[tuple[str, list[str]]
     """Config split entries -> PML's ``splits_to_eval`` list of (query, [references])."""
     out = []
     for e in entries or []:
-        if isinstance(e, str):
-            q, refs = e, [e]
-        elif isinstance(e, dict) and "query" in e:
-            q = e["query"]
-            refs = e.get("reference", [q])
-            refs = [refs] if isinstance(refs, str) else list(refs)
-        else:
-            raise ConfigError(f"eval: split entry {e!r}: a name or {{query: q, reference: [r]}}")
+        names = values.split_names(e, "eval")  # the one parser of an entry (also used by validate)
+        q, refs = names[0], names[1:] or [names[0]]
         for s in [q, *refs]:
             if s not in available:
                 raise ConfigError(f"eval: split {s!r} does not exist (have {sorted(available)})")

@@ -105,7 +105,7 @@ def _check_finite(value: Any, key: str) -> None:
         raise ConfigError(f"{key}: must be a finite number, got {value}")
 
 
-def _split_names(value: Any, key: str) -> list[str]:
+def split_names(value: Any, key: str) -> list[str]:
     """The split names one ``eval.validation``/``eval.test`` entry uses (a name, or
     ``{query: q, reference: r or [r...]}``)."""
     if isinstance(value, str):
@@ -132,7 +132,7 @@ def eval_entries(config: dict) -> list[tuple[str, list[str]]]:
         if not isinstance(entries, list):
             raise ConfigError(f"eval.{part}: expected a list of split names, got {entries!r}")
         for i, e in enumerate(entries):
-            out.append((f"eval.{part}[{i}]", _split_names(e, f"eval.{part}[{i}]")))
+            out.append((f"eval.{part}[{i}]", split_names(e, f"eval.{part}[{i}]")))
     return out
 
 
