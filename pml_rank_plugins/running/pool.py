@@ -278,11 +278,11 @@ def run_job(job: Job, resume: bool, device: str | None = None, overwrite: bool =
         LOGGER.error("run %s/%s failed: %s", job.name, job.run_id, record["error"])
         if main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / FAILED_FILE).write_text(json.dumps(record, indent=2))
+            run_folder.write_text(run_dir / FAILED_FILE, json.dumps(record, indent=2))
         return record
     metrics["wall_seconds"] = time.perf_counter() - t0
     if main:
-        done.write_text(json.dumps(metrics, indent=2))
+        run_folder.write_text(done, json.dumps(metrics, indent=2))
     distributed.barrier()
     return metrics
 
