@@ -18,10 +18,8 @@ from __future__ import annotations
 import collections
 import copy
 import os
-import pickle
 import random
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -304,16 +302,6 @@ def check_models(models: dict, states: Any, path: str | Path = "checkpoint") -> 
                 )
 
 
-# MemoryError: random bytes read as a legacy pickle can claim a storage of absurd size.
-_UNREADABLE = (
-    MemoryError,
-    RuntimeError,
-    EOFError,
-    OSError,
-    pickle.UnpicklingError,
-    ValueError,
-    zipfile.BadZipFile,
-)
 _HINT = (
     "the file is truncated or corrupt (e.g. the disk filled up or it was copied partially). "
     "Delete it and resume from an earlier copy, or start the run again with --overwrite"
@@ -343,7 +331,12 @@ def load_checkpoint(path: str | Path, required: tuple[str, ...] = ("epoch",)) ->
         raise CheckpointError(f"{path}: checkpoint is empty: {_HINT}")
     try:
         ckpt: Any = torch.load(path, map_location="cpu", weights_only=True)
-    except _UNREADABLE as e:
+    except Exception as e:  # noqa: BLE001
+        # A corrupt file reaches torch's zip reader and its (pure-Python) weights-only unpickler
+        # at arbitrary bytes, so the failure can be of any type: EOFError, BadZipFile,
+        # UnpicklingError, but also IndexError ("pop from empty list") or MemoryError (a
+        # claimed storage of absurd size). Whatever it is, the file cannot be read; the message
+        # keeps the original type.
         text = str(e)
         if "Weights only load failed" in text:
             # torch's message is many lines; its reason is the line after "WeightsUnpickler error"
