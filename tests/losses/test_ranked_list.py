@@ -494,3 +494,20 @@ def test_chunk_size_is_validated():
     for bad in (0, -1, 2.5, True, "8"):
         with pytest.raises(ValueError, match="chunk_size"):
             RankedListLoss(chunk_size=bad)
+
+
+@pytest.mark.parametrize("b", [0.0, 0.3, 1.0])
+def test_imbalance_equals_the_loop_reference_and_passes_gradcheck(b):
+    # PML's weighting (1 - b) L_P + b L_N, from the paper's per-query terms computed by loops
+    x, labels = embeddings(n=8, dim=3, seed=5)
+    x = x.detach().requires_grad_()
+    loss_fn = RankedListLoss(0.4, 10.0, imbalance=b, alpha=1.2, reducer=PerQuery())
+    ours = loss_fn(x, labels)
+    lp = reference_rll(x, labels, lam=0.0)  # L_P alone
+    full = reference_rll(x, labels, lam=1.0)  # L_P + L_N
+    expected = torch.stack([(1 - b) * p + b * (f - p) for p, f in zip(lp, full)])
+    assert (expected > 0).any()  # the lists are not empty: the comparison is not vacuous
+    torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-14)
+    # Tn = 0: uniform weights, so the constant-weight gradient is the true gradient
+    uniform = RankedListLoss(0.4, 0.0, imbalance=b, alpha=1.2, gallery_gradient=True)
+    assert torch.autograd.gradcheck(lambda e: uniform(e, labels), (x,))
