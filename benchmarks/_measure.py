@@ -9,7 +9,10 @@ untimed warm-up calls. A script keeps only its cases, its own flags and its tabl
   hidden ``--child CASE NUMBER...`` that re-enters the script in a subprocess;
 * :func:`bench_main` -- a child prints ``run_case(CASE, *NUMBERS)`` as JSON, the parent reports;
 * :func:`measure_cases` -- each case in fresh subprocesses, ``--rounds`` interleaved rounds;
-* :func:`print_header` / :func:`print_row` / :func:`mib` -- the table.
+* :func:`print_header` / :func:`print_row` / :func:`mib` -- the table;
+* :func:`add_load_flags` / :func:`competing_load` / :func:`machine_load` -- ``--load none|train|
+  spawn``: a competing CPU load (``benchmarks/_load.py``) started by the script for the whole
+  measurement, bounded by ``--load-limit`` seconds and stopped when the table is done.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ import argparse
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -137,6 +142,63 @@ def add_pairwise_flags(parser: argparse.ArgumentParser, sizes: list[int]) -> Non
     parser.add_argument("--dim", type=int, default=128)
     add_timing_flags(parser)
     parser.add_argument("--pml-max", type=int, default=4096)
+    add_load_flags(parser)
+
+
+# -- competing load -------------------------------------------------------------------------------
+LOADS = ("none", "train", "spawn")
+LOAD_NAMES = {
+    "none": "no competing load",
+    "train": "competing load: a one-thread training process",
+    "spawn": "competing load: a niced loop starting short Python processes",
+}
+
+
+def add_load_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--load none|train|spawn`` and ``--load-limit`` (seconds after which the load stops
+    by itself, should the script die without stopping it)."""
+    parser.add_argument(
+        "--load", choices=LOADS, default="none", help="competing CPU load during the measurement"
+    )
+    parser.add_argument("--load-limit", type=float, default=3600.0, help=argparse.SUPPRESS)
+
+
+@contextmanager
+def competing_load(kind: str, limit_s: float = 3600.0, settle_s: float = 1.0) -> Iterator[None]:
+    """Runs ``benchmarks/_load.py kind`` (see there) while the block runs; ``"none"`` runs nothing.
+
+    The load runs in its own process group, stopped (with every process it started) when the
+    block ends, and stops by itself after ``limit_s`` seconds.
+
+    Args:
+        kind: ``"none"``, ``"train"`` or ``"spawn"``.
+        limit_s: the load's own time limit.
+        settle_s: seconds to let the load start before the block runs.
+    """
+    if kind not in LOADS:
+        raise ValueError(f"unknown load {kind!r}; choose one of {', '.join(LOADS)}")
+    if kind == "none":
+        yield
+        return
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = str(Path(__file__).with_name("_load.py"))
+    load = subprocess.Popen(
+        [sys.executable, script, kind, str(limit_s)], env=env, start_new_session=True
+    )
+    try:
+        time.sleep(settle_s)
+        if load.poll() is not None:
+            raise RuntimeError(f"competing load {kind!r} exited with code {load.returncode}")
+        yield
+    finally:
+        if load.poll() is None:
+            os.killpg(load.pid, signal.SIGTERM)
+        load.wait()
+
+
+def machine_load() -> str:
+    """The 1, 5 and 15-minute load averages (as ``uptime`` prints them)."""
+    return "load average %.2f, %.2f, %.2f" % os.getloadavg()
 
 
 def bench_main(

@@ -1,4 +1,4 @@
-"""FastAP forward+backward: ours vs PML's FastAPLoss vs the N x N product floor, same run.
+"""FastAP and mAP_Q forward+backward: ours vs PML's FastAPLoss vs the N x N product floor.
 
 For each N (d=128, 10 bins, labels with 4 items per class) and each case, a fresh subprocess
 builds the inputs, reads its resident set size (RSS, /proc/self/statm), runs forward+backward
@@ -10,13 +10,22 @@ largest peak: on a shared or virtualized machine a single subprocess can be slow
 load, and interleaved rounds expose every case to the same conditions. Cases:
 
 * ours  -- ``pml_rank_plugins.losses.FastAPLoss`` (automatic query chunking);
+* qap   -- ``pml_rank_plugins.losses.QuantizedAPLoss(num_bins=20)`` (mAP_Q, same kernel; PML has
+  no mAP_Q, so its "x PML" column compares with PML's FastAP);
 * pml   -- ``pytorch_metric_learning.losses.FastAPLoss`` (skipped above ``--pml-max``: it needs
   O(L N^2) memory, about 12 GB at N = 8192);
 * floor -- ``S = X @ X.T; (S * S).sum().backward()``, the cost of touching every pair once.
 
+``--load train|spawn`` runs a competing CPU load (``benchmarks/_load.py``: a one-thread training
+process, or a niced loop starting short Python processes) during the whole measurement, floor
+and PML included; the script starts it and stops it. The load averages before and after are
+printed with the table.
+
 Targets (CPU, N = 4096): ours >= 15x faster than PML and <= 3x the floor; ours' peak memory
-growth <= 1/8 of PML's; N = 16384 (``--sizes 16384``) within 8 GB.
-Run: ``python benchmarks/bench_histogram_ap.py [--sizes 256 1024 4096 8192]``.
+growth <= 1/8 of PML's; N = 16384 (``--sizes 16384``) within 8 GB. Under ``--load train``
+(threads = cores): FastAP and mAP_Q <= 1.5x the floor and >= 5x PML; under ``--load spawn``:
+never slower than PML and <= 2x the floor.
+Run: ``python benchmarks/bench_histogram_ap.py [--sizes 256 1024 4096 8192] [--load train]``.
 """
 
 from __future__ import annotations
@@ -24,9 +33,12 @@ from __future__ import annotations
 from functools import partial
 
 from _measure import (
+    LOAD_NAMES,
     add_pairwise_flags,
     bench_main,
     bench_parser,
+    competing_load,
+    machine_load,
     measure_sizes,
     mib,
     note_pml_skipped,
@@ -37,9 +49,9 @@ from _measure import (
 )
 from pytorch_metric_learning.losses import FastAPLoss as PMLFastAPLoss
 
-from pml_rank_plugins.losses import FastAPLoss
+from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss
 
-CASES = ["ours", "floor", "pml"]
+CASES = ["ours", "qap", "floor", "pml"]
 COLUMNS = [
     "N",
     "ours s",
@@ -51,40 +63,58 @@ COLUMNS = [
     "PML MiB",
     "floor MiB",
     "ours / PML mem",
+    "mAP_Q s",
+    "PML / mAP_Q",
+    "mAP_Q / floor",
+    "mAP_Q MiB",
 ]
 
 
 def make_loss(case: str):
-    """The loss of ``case`` (``"ours"`` or ``"pml"``), 10 bins."""
+    """The loss of ``case``: ``"ours"`` / ``"pml"`` (FastAP, 10 bins), ``"qap"`` (mAP_Q, 20)."""
+    if case == "qap":
+        return QuantizedAPLoss(num_bins=20)
     return (FastAPLoss if case == "ours" else PMLFastAPLoss)(num_bins=10)
 
 
 def report(args) -> None:
     """Measures every size and case, prints the table."""
-    print(
-        f"FastAP forward+backward, CPU, {args.threads} threads, d={args.dim}, 10 bins, "
-        f"{args.warmup} warm-up call(s), best of {args.repeats} timed x {args.rounds} rounds; "
-        "peak = RSS growth during all calls"
-    )
-    print_header(COLUMNS, text_first=False)
-    for n, best in measure_sizes(__file__, CASES, args):
-        ours, floor, pml = best["ours"], best["floor"], best.get("pml")
-        speedup, memory = versus_pml(ours, pml)
-        print_row(
-            [
-                n,
-                f"{ours['time']:.3f}",
-                f"{pml['time']:.3f}" if pml else "skipped",
-                f"{floor['time']:.3f}",
-                speedup,
-                f"{ours['time'] / floor['time']:.2f}x",
-                mib(ours),
-                mib(pml) if pml else "-",
-                mib(floor),
-                memory,
-            ]
+    with competing_load(args.load, args.load_limit):
+        print(
+            f"FastAP (ours, PML: 10 bins) and mAP_Q (20 bins) forward+backward, CPU, "
+            f"{args.threads} threads, d={args.dim}, {args.warmup} warm-up call(s), best of "
+            f"{args.repeats} timed x {args.rounds} rounds; peak = RSS growth during all calls; "
+            f"{LOAD_NAMES[args.load]}; before: {machine_load()}"
         )
+        print_header(COLUMNS, text_first=False)
+        for n, best in measure_sizes(__file__, CASES, args):
+            print_size_row(n, best)
+    print(f"after: {machine_load()}")
     note_pml_skipped(args, "O(L N^2)")
+
+
+def print_size_row(n: int, best: dict) -> None:
+    """The table row of size ``n`` from its cases' results."""
+    ours, qap, floor, pml = best["ours"], best["qap"], best["floor"], best.get("pml")
+    speedup, memory = versus_pml(ours, pml)
+    print_row(
+        [
+            n,
+            f"{ours['time']:.3f}",
+            f"{pml['time']:.3f}" if pml else "skipped",
+            f"{floor['time']:.3f}",
+            speedup,
+            f"{ours['time'] / floor['time']:.2f}x",
+            mib(ours),
+            mib(pml) if pml else "-",
+            mib(floor),
+            memory,
+            f"{qap['time']:.3f}",
+            versus_pml(qap, pml)[0],
+            f"{qap['time'] / floor['time']:.2f}x",
+            mib(qap),
+        ]
+    )
 
 
 def main() -> None:

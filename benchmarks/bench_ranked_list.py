@@ -15,9 +15,15 @@ largest peak (shared harness: ``benchmarks/_measure.py``). Cases:
   imbalance=0.5, alpha=1.2)`` (skipped above ``--pml-max``: O(N^2) floats, several of them);
 * floor   -- ``S = X @ X.T; (S * S).sum().backward()``, the cost of touching every pair once.
 
+``--load train|spawn`` runs a competing CPU load (``benchmarks/_load.py``: a one-thread training
+process, or a niced loop starting short Python processes) during the whole measurement, floor
+and PML included; the script starts it and stops it. The load averages before and after are
+printed with the table.
+
 Targets (CPU, 2 threads, N = 4096): ours >= 5x faster than PML and <= 1.5x the floor; ours'
-peak memory growth <= 1/8 of PML's; N = 16384 (``--sizes 16384``) under 1 GiB of growth.
-Run: ``python benchmarks/bench_ranked_list.py [--sizes 1024 4096 16384]``.
+peak memory growth <= 1/8 of PML's; N = 16384 (``--sizes 16384``) under 1 GiB of growth. The
+same under ``--load train``; under ``--load spawn``: never slower than PML and <= 2x the floor.
+Run: ``python benchmarks/bench_ranked_list.py [--sizes 1024 4096 16384] [--load train]``.
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ import warnings
 from functools import partial
 
 from _measure import (
+    LOAD_NAMES,
     add_pairwise_flags,
     bench_main,
     bench_parser,
+    competing_load,
+    machine_load,
     measure_sizes,
     mib,
     note_pml_skipped,
@@ -71,35 +80,43 @@ def make_loss(case: str):
 
 def report(args) -> None:
     """Measures every size and case, prints the table."""
-    print(
-        f"RankedListLoss forward+backward, CPU, {args.threads} threads, d={args.dim}, "
-        "alpha 1.2, margin 0.4, Tn 10, 4 per class, "
-        f"{args.warmup} warm-up call(s), best of {args.repeats} timed x {args.rounds} rounds; "
-        "peak = RSS growth during all calls; ours = gallery_gradient=False, gg = True"
-    )
-    print_header(COLUMNS, text_first=False)
-    for n, best in measure_sizes(__file__, CASES, args):
-        ours, gg, floor, pml = best["ours"], best["ours_gg"], best["floor"], best.get("pml")
-        speedup, memory = versus_pml(ours, pml)
-        print_row(
-            [
-                n,
-                f"{ours['time']:.3f}",
-                f"{gg['time']:.3f}",
-                f"{pml['time']:.3f}" if pml else "skipped",
-                f"{floor['time']:.3f}",
-                speedup,
-                versus_pml(gg, pml)[0],
-                f"{ours['time'] / floor['time']:.2f}x",
-                f"{gg['time'] / floor['time']:.2f}x",
-                mib(ours),
-                mib(gg),
-                mib(pml) if pml else "-",
-                mib(floor),
-                memory,
-            ]
+    with competing_load(args.load, args.load_limit):
+        print(
+            f"RankedListLoss forward+backward, CPU, {args.threads} threads, d={args.dim}, "
+            "alpha 1.2, margin 0.4, Tn 10, 4 per class, "
+            f"{args.warmup} warm-up call(s), best of {args.repeats} timed x {args.rounds} "
+            "rounds; peak = RSS growth during all calls; ours = gallery_gradient=False, gg = "
+            f"True; {LOAD_NAMES[args.load]}; before: {machine_load()}"
         )
+        print_header(COLUMNS, text_first=False)
+        for n, best in measure_sizes(__file__, CASES, args):
+            print_size_row(n, best)
+    print(f"after: {machine_load()}")
     note_pml_skipped(args, "O(N^2)")
+
+
+def print_size_row(n: int, best: dict) -> None:
+    """The table row of size ``n`` from its cases' results."""
+    ours, gg, floor, pml = best["ours"], best["ours_gg"], best["floor"], best.get("pml")
+    speedup, memory = versus_pml(ours, pml)
+    print_row(
+        [
+            n,
+            f"{ours['time']:.3f}",
+            f"{gg['time']:.3f}",
+            f"{pml['time']:.3f}" if pml else "skipped",
+            f"{floor['time']:.3f}",
+            speedup,
+            versus_pml(gg, pml)[0],
+            f"{ours['time'] / floor['time']:.2f}x",
+            f"{gg['time'] / floor['time']:.2f}x",
+            mib(ours),
+            mib(gg),
+            mib(pml) if pml else "-",
+            mib(floor),
+            memory,
+        ]
+    )
 
 
 def main() -> None:

@@ -12,7 +12,13 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-from _measure import best_over_rounds, run_json, time_calls  # noqa: E402
+from _measure import (  # noqa: E402
+    best_over_rounds,
+    competing_load,
+    machine_load,
+    run_json,
+    time_calls,
+)
 
 
 def run_script(name: str, *args: str) -> str:
@@ -44,6 +50,58 @@ def test_bench_histogram_ap_prints_one_row_per_size():
     assert [row[0] for row in rows] == ["32", "48"]
     assert rows[0][4].endswith("x") and rows[1][2] == "skipped"
     assert "PML skipped above N=32" in out
+
+
+@pytest.mark.parametrize(
+    "script, load, name",
+    [
+        ("bench_histogram_ap.py", "train", "one-thread training process"),
+        ("bench_ranked_list.py", "spawn", "niced loop starting short Python processes"),
+    ],
+)
+def test_bench_under_a_competing_load_names_it_and_stops_it(script, load, name):
+    out = run_script(
+        script,
+        *("--sizes", "32", "--load", load),
+        *("--warmup", "0", "--repeats", "1", "--rounds", "1"),
+    )
+    assert [row[0] for row in table_rows(out)] == ["32"]
+    assert f"competing load: a {name}" in out
+    assert "before: load average" in out and "after: load average" in out
+
+
+def test_bench_histogram_ap_reports_map_q_next_to_fastap():
+    out = run_script(
+        "bench_histogram_ap.py",
+        *("--sizes", "32", "--warmup", "0", "--repeats", "1", "--rounds", "1"),
+    )
+    header = next(line for line in out.splitlines() if line.startswith("| N "))
+    assert "mAP_Q s" in header and "PML / mAP_Q" in header
+    assert table_rows(out)[0][-2].endswith("x")  # mAP_Q / floor
+
+
+def test_competing_load_runs_during_the_block_only():
+    with competing_load("train", limit_s=61.25, settle_s=0.5):
+        running = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert "_load.py train 61.25" in running
+    assert (
+        "_load.py train 61.25"
+        not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    )
+    with pytest.raises(ValueError, match="unknown load 'busy'"):
+        with competing_load("busy"):
+            pass
+    assert machine_load().startswith("load average ")
+
+
+def test_bench_chunked_with_loader_workers_names_the_data_loader():
+    out = run_script(
+        "bench_chunked.py",
+        *("--batch", "16", "--chunk", "8", "--loader-workers", "2", "--repeats", "1"),
+        *("--rounds", "1"),
+    )
+    assert [row[0] for row in table_rows(out)] == ["chunked", "plain small", "plain large"]
+    assert "DataLoader with 2 worker processes" in out
 
 
 def test_bench_chunked_prints_the_three_cases_and_ratios():

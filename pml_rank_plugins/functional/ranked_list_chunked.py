@@ -37,6 +37,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from .chunk_threads import ExclusiveRows, chunk_workers, map_chunks
 from .chunking import DenseCategories, LabelCategories, rows_per_chunk
 from .ranked_list import (
     RankedListTerms,
@@ -45,6 +46,7 @@ from .ranked_list import (
     check_rll_params,
     scaled_exp_,
 )
+from .ranked_list_sparse import SparseWeights, inverse_or_zero, segment_exp, segment_sum
 
 _POSITIVE, _NEGATIVE = 0, 1
 
@@ -56,27 +58,6 @@ class _Params(NamedTuple):
     Tp: float
     lam: float
     lam_pos: float = 1.0
-
-
-class SparseWeights:
-    """Non-negative weights of (query, reference) pairs as a sparse list, rows cut out per chunk.
-
-    ``rows(start, stop, out)`` writes the chunk's weights into ``out`` (zero elsewhere); each
-    chunk costs O(rows x M + pairs in the chunk). Duplicate pairs: one of their weights is kept,
-    as with dense assignment.
-    """
-
-    def __init__(self, anchors: torch.Tensor, refs: torch.Tensor, weights: torch.Tensor):
-        order = torch.argsort(anchors, stable=True)
-        self.anchors, self.refs, self.weights = anchors[order], refs[order], weights[order]
-
-    def rows(self, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
-        out.zero_()
-        bounds = torch.tensor([start, stop], device=self.anchors.device)
-        lo, hi = torch.searchsorted(self.anchors, bounds).tolist()
-        if hi > lo:
-            out[self.anchors[lo:hi] - start, self.refs[lo:hi]] = self.weights[lo:hi].to(out.dtype)
-        return out
 
 
 class _Workspace:
@@ -115,15 +96,14 @@ def _given_weights_(w: torch.Tensor, mask: torch.Tensor, source: SparseWeights, 
     return w.div_(torch.where(row_max > 0, row_max, 1.0))
 
 
-def _mine_chunk(queries, refs, ref_sq, categories, params: _Params, ws: _Workspace, start):
-    """Steps 1-2 of the module docstring for query rows ``[start, start + len(queries))``:
+def _mine_chunk(queries, refs, ref_sq, cat, params: _Params, ws: _Workspace):
+    """Steps 1-2 of the module docstring for a chunk of query rows with categories ``cat``:
     ``(dist, pos, neg)`` views into the workspace."""
     rows = len(queries)
     dist, pos, neg, cand = ws.dist[:rows], ws.pos[:rows], ws.neg[:rows], ws.cand[:rows]
     # |q|^2 broadcast into the product's output, |r|^2 added in place (as euclidean_distances).
     torch.addmm((queries * queries).sum(1, keepdim=True), queries, refs.T, alpha=-2.0, out=dist)
     dist.add_(ref_sq).clamp_min_(0.0).sqrt_()
-    cat = categories.rows(start, start + rows)
     torch.gt(dist, params.alpha - params.margin, out=pos)
     pos.logical_and_(torch.eq(cat, _POSITIVE, out=cand))
     torch.lt(dist, params.alpha, out=neg)
@@ -140,27 +120,6 @@ def _dense_weights(dist, pos, neg, neg_source, params: _Params, ws: _Workspace, 
     else:
         w_neg = _given_weights_(ws.w_neg[:rows], neg, neg_source, start)
     return w_pos, w_neg
-
-
-def _segment_exp(d, row, rows: int, T: float, sign: float) -> torch.Tensor:
-    """Sparse twin of :func:`_masked_exp_`: ``exp(sign T (d - ext[row]))`` for a list of mined
-    distances ``d`` of query rows ``row``, ``ext`` the per-row max (sign +1) or min (sign -1)."""
-    if T == 0.0:
-        return torch.ones_like(d)
-    fill, how = (float("-inf"), "amax") if sign > 0 else (float("inf"), "amin")
-    ext = d.new_full((rows,), fill).scatter_reduce_(0, row, d, how, include_self=False)
-    x = d - ext[row]  # the same difference, hence the same exponent, as the dense path
-    if sign < 0:
-        x.neg_()
-    return scaled_exp_(x, T)
-
-
-def _segment_sum(values, row, rows: int) -> torch.Tensor:
-    return values.new_zeros(rows).index_add_(0, row, values)
-
-
-def _inverse(total: torch.Tensor) -> torch.Tensor:
-    return torch.where(total > 0, 1.0 / total, 0.0)
 
 
 # A chunk whose mined pairs are at most this fraction of its pairs keeps them as a sparse list
@@ -188,23 +147,32 @@ class _ChunkedRankedList(torch.autograd.Function):
         z_neg, s_neg = queries.new_zeros(n), queries.new_zeros(n)
         num_pos = torch.zeros(n, dtype=torch.long, device=queries.device)
         num_neg = torch.zeros_like(num_pos)
-        ws = _Workspace(min(chunk_rows, n), m, queries)
-        sparse, dense_starts = [], []
-        for start in range(0, n, chunk_rows):
+        starts = range(0, n, chunk_rows)
+        workers = chunk_workers(len(starts), queries.device)
+        source = ExclusiveRows(categories, workers)
+        spaces = [_Workspace(min(chunk_rows, n), m, queries) for _ in range(workers)]
+        totals = (z_pos, s_pos, z_neg, s_neg, num_pos, num_neg)
+
+        def chunk(index: int, worker: int):
+            start = starts[index]
             stop = min(start + chunk_rows, n)
-            rows = stop - start
-            q = queries[start:stop]
-            dist, pos, neg = _mine_chunk(q, refs, ref_sq, categories, params, ws, start)
+            rows, ws = stop - start, spaces[worker]
+            cat = source.rows(start, stop, worker)
+            dist, pos, neg = _mine_chunk(queries[start:stop], refs, ref_sq, cat, params, ws)
             mined = torch.logical_or(pos, neg, out=ws.cand[:rows])
+            stored = None
             if int(torch.count_nonzero(mined)) <= SPARSE_FRACTION * rows * m:
                 sums, stored = _sparse_chunk(dist, pos, mined, neg_source, params, ws, start)
-                sparse.append(stored)
             else:
                 sums = _dense_chunk_sums(dist, pos, neg, neg_source, params, ws, start)
-                dense_starts.append(start)
-            for total, part in zip((z_pos, s_pos, z_neg, s_neg, num_pos, num_neg), sums):
+            for total, part in zip(totals, sums):
                 total[start:stop] = part
-        inv_zp, inv_zn = _inverse(z_pos), _inverse(z_neg)
+            return stored
+
+        stored = map_chunks(chunk, len(starts), workers)
+        sparse = [item for item in stored if item is not None]
+        dense_starts = [start for start, item in zip(starts, stored) if item is None]
+        inv_zp, inv_zn = inverse_or_zero(z_pos), inverse_or_zero(z_neg)
         # Weighted mean distances, then the hinge offsets (eqs. 11, 12); >= 0 up to rounding.
         pos_loss = (s_pos * inv_zp - (params.alpha - params.margin)).masked_fill_(z_pos <= 0, 0.0)
         neg_loss = (params.alpha - s_neg * inv_zn).masked_fill_(z_neg <= 0, 0.0)
@@ -228,31 +196,38 @@ class _ChunkedRankedList(torch.autograd.Function):
             return grad_q, grad_r, None, None, None, None
         # dd_ij/dq_i = (q_i - r_j) / d_ij, so with c_ij = g_i dL_i/dd_ij / d_ij:
         # grad_q = q * sum_j c - c R and grad_r = r * sum_i c - c^T Q.
-        # Sparse chunks: two sparse products per chunk, temporaries O(mined pairs of a chunk).
+        # Sparse chunks: all their mined pairs form one sparse (N, M) coefficient matrix, so two
+        # sparse products serve every chunk (a few large operations, no per-chunk loop).
         col_sum = refs.new_zeros(m) if need_r else None
-        for start, row, col, val in sparse:
-            stop = min(start + chunk_rows, n)
-            row, col = row.long(), col.long()
-            val = val * grad_loss[start:stop][row]
+        if sparse:
+            row = torch.cat([r.long() + start for start, r, _, _ in sparse])
+            col = torch.cat([c.long() for _, _, c, _ in sparse])
+            val = torch.cat([v for _, _, _, v in sparse]) * grad_loss[row]
             coef = torch.sparse_coo_tensor(
-                torch.stack([row, col]), val, (stop - start, m), check_invariants=False
+                torch.stack([row, col]), val, (n, m), check_invariants=False
             )
-            q = queries[start:stop]
             if need_q:
-                grad_q[start:stop].addcmul_(q, _segment_sum(val, row, stop - start).unsqueeze(1))
-                grad_q[start:stop].sub_(torch.sparse.mm(coef, refs))
+                grad_q.addcmul_(queries, segment_sum(val, row, n).unsqueeze(1))
+                grad_q.sub_(torch.sparse.mm(coef, refs))
             if need_r:
                 col_sum.index_add_(0, col, val)
-                grad_r.sub_(torch.sparse.mm(coef.t(), q))
+                grad_r.sub_(torch.sparse.mm(coef.t(), queries))
         if dense_starts:
             scale_pos = grad_loss * inv_zp * params.lam_pos
             scale_neg = grad_loss * inv_zn * params.lam
             ref_sq = (refs * refs).sum(1).unsqueeze(0)
-            ws = _Workspace(min(chunk_rows, n), m, queries)
-            for start in dense_starts:
+            # Without reference gradient each chunk writes only its rows: chunks run on threads.
+            # With it they all add into grad_r, so they run in order (deterministic sums).
+            workers = 1 if need_r else chunk_workers(len(dense_starts), queries.device)
+            source = ExclusiveRows(categories, workers)
+            spaces = [_Workspace(min(chunk_rows, n), m, queries) for _ in range(workers)]
+
+            def chunk(index: int, worker: int) -> None:
+                start = dense_starts[index]
                 stop = min(start + chunk_rows, n)
-                q = queries[start:stop]
-                dist, pos, neg = _mine_chunk(q, refs, ref_sq, categories, params, ws, start)
+                q, ws = queries[start:stop], spaces[worker]
+                cat = source.rows(start, stop, worker)
+                dist, pos, neg = _mine_chunk(q, refs, ref_sq, cat, params, ws)
                 w_pos, w_neg = _dense_weights(dist, pos, neg, neg_source, params, ws, start)
                 coef = w_pos.mul_(scale_pos[start:stop, None])
                 coef.sub_(w_neg.mul_(scale_neg[start:stop, None])).div_(dist)
@@ -263,6 +238,8 @@ class _ChunkedRankedList(torch.autograd.Function):
                 if need_r:
                     col_sum.add_(coef.sum(0))
                     grad_r.addmm_(coef.T, q, alpha=-1.0)
+
+            map_chunks(chunk, len(dense_starts), workers)
         if need_r:
             grad_r.addcmul_(refs, col_sum.unsqueeze(1))
         return grad_q, grad_r, None, None, None, None
@@ -290,26 +267,26 @@ def _sparse_chunk(dist, pos, mined, neg_source, params, ws, start):
     is_neg = ~is_pos
     rp, dp = row[is_pos], d[is_pos]
     rn, cn, dn = row[is_neg], col[is_neg], d[is_neg]
-    e_pos = _segment_exp(dp, rp, rows, params.Tp, 1.0)
+    e_pos = segment_exp(dp, rp, rows, params.Tp, 1.0)
     if neg_source is None:
-        e_neg = _segment_exp(dn, rn, rows, params.Tn, -1.0)
+        e_neg = segment_exp(dn, rn, rows, params.Tn, -1.0)
     else:  # a miner's weights, each row scaled so its largest is 1 (as the dense path)
         e_neg = neg_source.rows(start, start + rows, ws.w_neg[:rows])[rn, cn]
         row_max = e_neg.new_zeros(rows).scatter_reduce_(0, rn, e_neg, "amax")
         e_neg = e_neg / torch.where(row_max > 0, row_max, 1.0)[rn]
-    z_pos, z_neg = _segment_sum(e_pos, rp, rows), _segment_sum(e_neg, rn, rows)
+    z_pos, z_neg = segment_sum(e_pos, rp, rows), segment_sum(e_neg, rn, rows)
     sums = (
         z_pos,
-        _segment_sum(e_pos * dp, rp, rows),
+        segment_sum(e_pos * dp, rp, rows),
         z_neg,
-        _segment_sum(e_neg * dn, rn, rows),
+        segment_sum(e_neg * dn, rn, rows),
         torch.bincount(rp, minlength=rows),
         torch.bincount(rn, minlength=rows),
     )
     # dL_i/dd_ij = lam_pos w+_ij / Z+_i on positives, -lam w-_ij / Z-_i on negatives; then
     # / d_ij (0 at d = 0, the cdist convention; a mined positive has d > alpha - m > 0).
-    c_pos = e_pos.mul_(_inverse(z_pos)[rp]).mul_(params.lam_pos).div_(dp)
-    c_neg = e_neg.mul_(_inverse(z_neg)[rn]).mul_(-params.lam).div_(dn)
+    c_pos = e_pos.mul_(inverse_or_zero(z_pos)[rp]).mul_(params.lam_pos).div_(dp)
+    c_neg = e_neg.mul_(inverse_or_zero(z_neg)[rn]).mul_(-params.lam).div_(dn)
     c_neg.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     stored = (
         start,
@@ -407,19 +384,26 @@ def chunked_ranked_list_mining(
     out = [[], [], [], [], []]
     with torch.no_grad(), torch.autocast(queries.device.type, enabled=False):
         ref_sq = (refs * refs).sum(1).unsqueeze(0)
-        ws = _Workspace(min(chunk_rows, max(n, 1)), m, queries)
-        for start in range(0, n, chunk_rows):
+        starts = range(0, n, chunk_rows)
+        workers = chunk_workers(len(starts), queries.device)
+        source = ExclusiveRows(categories, workers)
+        spaces = [_Workspace(min(chunk_rows, max(n, 1)), m, queries) for _ in range(workers)]
+
+        def chunk(index: int, worker: int):
+            start = starts[index]
             stop = min(start + chunk_rows, n)
-            dist, pos, neg = _mine_chunk(
-                queries[start:stop], refs, ref_sq, categories, params, ws, start
-            )
+            ws = spaces[worker]
+            cat = source.rows(start, stop, worker)
+            dist, pos, neg = _mine_chunk(queries[start:stop], refs, ref_sq, cat, params, ws)
             _, w_neg = _dense_weights(dist, pos, neg, None, params, ws, start)
             a1, p = pos.nonzero(as_tuple=True)
             a2, ng = neg.nonzero(as_tuple=True)
-            inv = _inverse(w_neg.sum(1))
-            out[4].append(w_neg[a2, ng] * inv[a2])
-            for k, v in enumerate((a1 + start, p, a2 + start, ng)):
-                out[k].append(v)
+            weights = w_neg[a2, ng] * inverse_or_zero(w_neg.sum(1))[a2]
+            return a1 + start, p, a2 + start, ng, weights
+
+        for parts in map_chunks(chunk, len(starts), workers):
+            for k, part in enumerate(parts):
+                out[k].append(part)
     empty = torch.zeros(0, dtype=torch.long, device=queries.device)
     a1, p, a2, ng = (torch.cat(v) if v else empty for v in out[:4])
     weights = torch.cat(out[4]) if out[4] else queries.new_zeros(0)

@@ -20,11 +20,14 @@ float or int64 N x M tensor is ever materialized.
 
 Memory and time: forward computes each query chunk's scores in reused buffers, scatters them, and
 keeps for backward one small integer per pair, its histogram column (one byte for up to 82
-intervals). Backward reads the histogram gradient's slope at those columns with one gather and
-needs no recomputation. Peak extra memory is O(chunk * M) (chunks of 256K to 4M scores, see
-:func:`rows_per_chunk`; a few buffers of that size) + N M bytes (+ N M bytes of dense categories with a miner), independent of ``L``; time
-three O(N M d) products (scores; both gradients) plus O(N M) elementwise work (two scatters in
-forward, one gather in backward, a handful of in-cache passes).
+intervals). Backward reads the histogram gradient's slope at those columns with a gather (by
+row blocks for the query gradient, by column blocks for the reference gradient, so that no two
+chunks add into the same output rows) and needs no recomputation. Chunks run on threads
+(:mod:`~pml_rank_plugins.functional.chunk_threads`), each with its own buffers. Peak extra memory
+is O(threads * chunk * M) (chunks of 256K to 4M scores, see :func:`rows_per_chunk`; a few buffers
+of that size per thread) + N M bytes (+ N M bytes of dense categories with a miner), independent
+of ``L``; time three O(N M d) products (scores; both gradients) plus O(N M) elementwise work (two
+scatters in forward, one gather per gradient in backward, a handful of in-cache passes).
 
 Convention at kinks: a value exactly on a bin centre gets the slope of the interval above it;
 clamped values (outside the range) get zero.
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from .chunk_threads import ExclusiveRows, chunk_workers, map_chunks
 from .chunking import (  # noqa: F401 (re-exported: the chunking helpers used to live here)
     CACHE_CHUNK_ELEMENTS,
     IGNORED,
@@ -73,42 +77,46 @@ class PairHistogram(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, queries, refs, categories, offset, scale, num_intervals, chunk_rows):
+        n, m = len(queries), len(refs)
         width = num_intervals + 3
         # Ignored pairs land in a third segment that is dropped; one spare column for ``c + 1``.
-        out = queries.new_zeros(len(queries), 3 * width)
+        out = queries.new_zeros(n, 3 * width)
         minus_left = torch.zeros_like(out)
-        codes = torch.empty(
-            len(queries), len(refs), dtype=_code_dtype(3 * width - 2), device=queries.device
-        )
-        # Per-chunk work buffers, allocated once: reused memory stays mapped and in cache.
-        chunk_shape = (min(chunk_rows, len(queries)), len(refs))
+        codes = torch.empty(n, m, dtype=_code_dtype(3 * width - 2), device=queries.device)
+        starts = range(0, n, chunk_rows)
+        workers = chunk_workers(len(starts), queries.device)
+        source = ExclusiveRows(categories, workers)
+        # Per-worker chunk buffers, allocated once: reused memory stays mapped and in cache.
+        buffers = [_ForwardBuffers(min(chunk_rows, n), m, queries) for _ in range(workers)]
         shift = queries.new_tensor(offset + 1.0)
-        scores_buf, column_buf = queries.new_empty(chunk_shape), queries.new_empty(chunk_shape)
-        index_buf = torch.empty(chunk_shape, dtype=torch.long, device=queries.device)
-        small_index_buf = torch.empty(chunk_shape, dtype=torch.int32, device=queries.device)
-        for start in range(0, len(queries), chunk_rows):
-            stop = min(start + chunk_rows, len(queries))
+
+        def chunk(index: int, worker: int) -> None:
+            start = starts[index]
+            stop = min(start + chunk_rows, n)
             rows = stop - start
-            u, column, index = scores_buf[:rows], column_buf[:rows], index_buf[:rows]
-            small_index = small_index_buf[:rows]
+            buf = buffers[worker]
+            u, column, index_ = buf.scores[:rows], buf.column[:rows], buf.index[:rows]
+            small_index = buf.small_index[:rows]
             torch.addmm(shift, queries[start:stop], refs.T, alpha=scale, out=u)
             u.clamp_(0.5, num_intervals + 1.5)
             torch.floor(u, out=column)
             frac = u.sub_(column)
-            column.add_(categories.rows(start, stop), alpha=width)
+            column.add_(source.rows(start, stop, worker), alpha=width)
             # float -> int32 -> int64 is faster than float -> int64 in one conversion, and the
             # int32 copy narrows cheaply into the codes; scatter_add_ itself is fastest on int64.
             small_index.copy_(column)
             codes[start:stop] = small_index
-            index.copy_(small_index)
-            out[start:stop, 1:].scatter_add_(1, index, frac)
+            index_.copy_(small_index)
+            out[start:stop, 1:].scatter_add_(1, index_, frac)
             # The left column's weight 1 - frac is accumulated negated (frac - 1, one in-place
             # pass, no extra buffer) and subtracted once at the end.
-            minus_left[start:stop].scatter_add_(1, index, frac.sub_(1.0))
+            minus_left[start:stop].scatter_add_(1, index_, frac.sub_(1.0))
+
+        map_chunks(chunk, len(starts), workers)
         out.sub_(minus_left)
         ctx.save_for_backward(queries, refs, codes)
         ctx.params = (scale, num_intervals, chunk_rows)
-        segments = out[:, : 2 * width].view(len(queries), 2, width)
+        segments = out[:, : 2 * width].view(n, 2, width)
         segments[:, :, 1] += segments[:, :, 0]
         segments[:, :, num_intervals + 1] += segments[:, :, num_intervals + 2]
         return segments[:, :, 1 : num_intervals + 2].contiguous()
@@ -117,31 +125,69 @@ class PairHistogram(torch.autograd.Function):
     def backward(ctx, grad_hist):
         queries, refs, codes = ctx.saved_tensors
         scale, num_intervals, chunk_rows = ctx.params
+        n, m = len(queries), len(refs)
         width = num_intervals + 3
-        grad = grad_hist.new_zeros(len(queries), 3, width)
+        grad = grad_hist.new_zeros(n, 3, width)
         grad[:, :2, 1 : num_intervals + 2] = grad_hist
         grad[:, :2, 0] = grad_hist[:, :, 0]
         grad[:, :2, num_intervals + 2] = grad_hist[:, :, num_intervals]
-        grad = grad.view(len(queries), 3 * width)
+        grad = grad.view(n, 3 * width)
         # d(frac)/du = 1 and d(1 - frac)/du = -1: a pair at column c has dL/du = g[c + 1] - g[c].
         slope = (grad[:, 1:] - grad[:, :-1]).mul_(scale)
-        grad_queries = torch.empty_like(queries) if ctx.needs_input_grad[0] else None
-        grad_refs = torch.zeros_like(refs) if ctx.needs_input_grad[1] else None
-        chunk_shape = (min(chunk_rows, len(queries)), len(refs))
-        grad_scores_buf = queries.new_empty(chunk_shape)
-        index_buf = torch.empty(chunk_shape, dtype=torch.long, device=queries.device)
-        for start in range(0, len(queries), chunk_rows):
-            stop = min(start + chunk_rows, len(queries))
-            index = index_buf[: stop - start]
-            index.copy_(codes[start:stop])
-            grad_scores = torch.gather(
-                slope[start:stop], 1, index, out=grad_scores_buf[: stop - start]
-            )
-            if grad_queries is not None:
-                torch.mm(grad_scores, refs, out=grad_queries[start:stop])
-            if grad_refs is not None:
-                grad_refs.addmm_(grad_scores.T, queries[start:stop])
+        grad_queries = grad_refs = None
+        if ctx.needs_input_grad[0]:
+            # Row blocks: grad_q[rows] = G[rows] R.
+            grad_queries = torch.empty_like(queries)
+            _pair_gradient(slope, codes, refs, grad_queries, chunk_rows, by_rows=True)
+        if ctx.needs_input_grad[1]:
+            # Column blocks: grad_r[cols] = G[:, cols]^T Q. Each block owns its output rows, so the
+            # chunks run in any order without a cross-chunk sum (deterministic under threads),
+            # at the price of reading the codes twice.
+            grad_refs = torch.empty_like(refs)
+            column_rows = rows_per_chunk(m, n)
+            _pair_gradient(slope, codes, queries, grad_refs, column_rows, by_rows=False)
         return grad_queries, grad_refs, None, None, None, None, None
+
+
+class _ForwardBuffers:
+    """One worker's chunk buffers of :meth:`PairHistogram.forward`, ``(rows, M)`` each."""
+
+    def __init__(self, rows: int, cols: int, like: torch.Tensor):
+        shape = (rows, cols)
+        self.scores, self.column = like.new_empty(shape), like.new_empty(shape)
+        self.index = torch.empty(shape, dtype=torch.long, device=like.device)
+        self.small_index = torch.empty(shape, dtype=torch.int32, device=like.device)
+
+
+def _pair_gradient(slope, codes, other, out, block, by_rows: bool) -> None:
+    """``out = G other`` (``by_rows``) or ``out = G^T other``, ``G[i, j] = slope[i, codes[i, j]]``
+    gathered one block of ``block`` rows (or columns) of ``G`` at a time, blocks spread over
+    :func:`map_chunks` threads."""
+    n, m = codes.shape
+    total = n if by_rows else m
+    starts = range(0, total, block)
+    workers = chunk_workers(len(starts), codes.device)
+    # Flat buffers, viewed per block: a narrower last block stays contiguous.
+    size = min(block, total) * (m if by_rows else n)
+    index_bufs = [torch.empty(size, dtype=torch.long, device=codes.device) for _ in range(workers)]
+    grad_bufs = [slope.new_empty(size) for _ in range(workers)]
+
+    def chunk(index: int, worker: int) -> None:
+        start = starts[index]
+        stop = min(start + block, total)
+        shape = (stop - start, m) if by_rows else (n, stop - start)
+        index_ = index_bufs[worker][: shape[0] * shape[1]].view(shape)
+        grad_scores = grad_bufs[worker][: shape[0] * shape[1]].view(shape)
+        if by_rows:
+            index_.copy_(codes[start:stop])
+            torch.gather(slope[start:stop], 1, index_, out=grad_scores)
+            torch.mm(grad_scores, other, out=out[start:stop])
+        else:
+            index_.copy_(codes[:, start:stop])
+            torch.gather(slope, 1, index_, out=grad_scores)
+            torch.mm(grad_scores.T, other, out=out[start:stop])
+
+    map_chunks(chunk, len(starts), workers)
 
 
 def pair_histograms(
