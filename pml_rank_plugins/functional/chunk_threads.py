@@ -44,7 +44,8 @@ def map_chunks(work: Callable[[int, int], Result], count: int, workers: int) -> 
     ``worker`` (``0 <= worker < workers``) names the thread running the call, so ``work`` can use
     per-thread buffers. With one worker every call runs in this thread with torch's threads
     unchanged. With several, this thread and ``workers - 1`` helper threads claim
-    indices in increasing order, each running with one torch thread and this thread's grad mode;
+    indices in increasing order, each running with one torch thread and this thread's grad and
+    inference mode;
     torch's thread count is restored on return. ``work`` must write only data of its own chunk
     (or of its worker).
 
@@ -67,13 +68,15 @@ def map_chunks(work: Callable[[int, int], Result], count: int, workers: int) -> 
     claim = threading.Lock()
     state = {"next": 0, "failed": False}
     grad_enabled = torch.is_grad_enabled()
+    inference = torch.is_inference_mode_enabled()
     threads = torch.get_num_threads()
 
     def run(worker: int) -> None:
-        # Grad mode is thread-local; the thread count of a fresh thread comes from the global
-        # setting, which is set to 1 until this call returns.
+        # Grad and inference mode are thread-local: without the caller's inference mode, an
+        # in-place update of a buffer created under it fails. The thread count of a fresh thread
+        # comes from the global setting, which is set to 1 until this call returns.
         torch.set_num_threads(1)
-        with torch.set_grad_enabled(grad_enabled):
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad_enabled):
             while True:
                 with claim:
                     index = state["next"]

@@ -135,3 +135,27 @@ def test_ranked_list_on_threads_equals_one_thread_and_repeats_exactly(
     mined = in_one_thread(lambda: chunked_ranked_list_mining(q, r, categories, chunk_size=4))
     for a, b in zip(chunked_ranked_list_mining(q, r, categories, chunk_size=4), mined):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_inference_mode_of_the_caller_reaches_the_workers(two_threads):
+    with torch.inference_mode():
+        modes = map_chunks(lambda i, w: torch.is_inference_mode_enabled(), 4, workers=2)
+    assert modes == [True] * 4
+    assert map_chunks(lambda i, w: torch.is_inference_mode_enabled(), 4, workers=2) == [False] * 4
+
+
+@pytest.mark.parametrize("loss_name", ["FastAPLoss", "QuantizedAPLoss", "RankedListLoss"])
+def test_losses_on_threads_under_inference_mode_equal_no_grad(two_threads, loss_name):
+    # Buffers created under inference mode are inference tensors; the worker threads update them
+    # in place, which fails unless they run in inference mode too.
+    from pml_rank_plugins import losses
+
+    loss_fn = getattr(losses, loss_name)(chunk_size=8)
+    torch.manual_seed(2)
+    x = torch.nn.functional.normalize(torch.randn(64, 8, dtype=torch.float64), dim=1)
+    y = torch.arange(64) // 4
+    with torch.no_grad():
+        expected = loss_fn(x, y)
+    with torch.inference_mode():
+        value = loss_fn(x, y)
+    assert torch.equal(value, expected) and float(expected) > 0
