@@ -159,3 +159,22 @@ def test_losses_on_threads_under_inference_mode_equal_no_grad(two_threads, loss_
     with torch.inference_mode():
         value = loss_fn(x, y)
     assert torch.equal(value, expected) and float(expected) > 0
+
+
+@pytest.mark.parametrize("loss_name", ["FastAPLoss", "QuantizedAPLoss", "RankedListLoss"])
+def test_losses_on_threads_under_autocast_equal_float32(two_threads, loss_name):
+    # Autocast is thread-local and not passed to the helpers: the kernels must not depend on it,
+    # or a chunk's result would depend on the thread that ran it.
+    from pml_rank_plugins import losses
+
+    loss_fn = getattr(losses, loss_name)(chunk_size=16)
+    torch.manual_seed(3)
+    x = torch.nn.functional.normalize(torch.randn(256, 16), dim=1).requires_grad_()
+    y = torch.arange(256) // 4
+    expected = loss_fn(x, y)
+    (expected_grad,) = torch.autograd.grad(expected, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        value = loss_fn(x, y)
+    (grad,) = torch.autograd.grad(value, x)
+    assert value.dtype == torch.float32
+    assert torch.equal(value, expected) and torch.equal(grad, expected_grad)
