@@ -27,8 +27,13 @@ convention), then ``grad_q = q * sum_j c - c R`` and, when the references need g
 Cost, for N queries, M references, dimension d: time 3 products of ``N M d`` (4 when the
 references get gradient), the minimum for a forward and a backward that does not store an
 ``N x M`` matrix, plus ``O(N M)`` elementwise work in cache-sized chunks; memory
-``O(chunk x M)`` floats of reused buffers + ``O((N + M) d)``, and with a miner's pairs
-``N M`` bytes of categories plus the sparse weights.
+``O(threads x chunk x M)`` floats of reused buffers (one set per thread) + ``O((N + M) d)``, and
+with a miner's pairs ``N M`` bytes of categories plus the sparse weights.
+
+On CPU the chunks run on ``torch.get_num_threads()`` Python threads with one torch thread each
+(:mod:`~pml_rank_plugins.functional.chunk_threads`): the per-chunk operations are small, and run on
+all intra-op threads each would end in a barrier that waits for any thread whose core another
+process holds.
 """
 
 from __future__ import annotations
@@ -332,7 +337,7 @@ def chunked_ranked_list_terms(
         differentiable w.r.t. ``queries`` and ``refs``.
 
     Time O(N M d) (three ``N x M x d`` products, four with reference gradient) + O(N M)
-    elementwise; memory O(chunk x M) + O((N + M) d) beyond the inputs (see the module docstring).
+    elementwise; memory O(threads x chunk x M) + O((N + M) d) beyond the inputs (see the module docstring).
     """
     check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
     if queries.ndim != 2 or refs.ndim != 2 or queries.shape[1] != refs.shape[1]:

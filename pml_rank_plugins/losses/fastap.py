@@ -23,8 +23,8 @@ class FastAPLoss(HistogramAPLoss):
     :class:`pml_rank_plugins.losses.CrossBatchMemory`: PML's own refuses this class by name
     ("CrossBatchMemory not supported for FastAPLoss").
 
-    Cost: O(N M d + N M) time, O(chunk * M) floats + N M bytes of working memory, independent of
-    ``num_bins``, plus the ``(N, 2, num_bins + 1)`` histograms (PML's ``FastAPLoss``:
+    Cost: O(N M d + N M) time, O(threads * chunk * M) floats (one chunk buffer per CPU thread)
+    + N M bytes of working memory, independent of ``num_bins``, plus the ``(N, 2, num_bins + 1)`` histograms (PML's ``FastAPLoss``:
     O(num_bins N^2) memory). See :class:`HistogramAPLoss` for the PML contract.
 
     Args:

@@ -24,9 +24,9 @@ class QuantizedAPLoss(HistogramAPLoss):
     unchanged): ``w_i = V / (K * V_c(i))`` for ``V`` valid queries, ``K`` classes, ``V_c`` valid
     queries of class ``c``.
 
-    Cost as :class:`~pml_rank_plugins.losses.FastAPLoss`: O(N M d + N M) time, O(chunk * M)
-    floats + N M bytes of memory plus the ``(N, 2, num_bins)`` histograms. With a memory bank use
-    :class:`pml_rank_plugins.losses.CrossBatchMemory` (PML's refuses this class by name).
+    Cost as :class:`~pml_rank_plugins.losses.FastAPLoss`: O(N M d + N M) time, O(threads *
+    chunk * M) floats + N M bytes of memory plus the ``(N, 2, num_bins)`` histograms. With a
+    memory bank use :class:`pml_rank_plugins.losses.CrossBatchMemory` (PML's refuses this class by name).
 
     Args:
         num_bins: number of bins ``M`` (2 to ``MAX_NUM_BINS`` = 4096; paper default 20).

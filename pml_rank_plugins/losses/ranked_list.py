@@ -107,7 +107,8 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
 
     Cost: with PML's default ``LpDistance(p=2, power=1)`` (normalized or not) the loss runs the
     chunked kernel :mod:`pml_rank_plugins.functional.ranked_list_chunked`: O(N M d) time, memory
-    O(chunk_size x M) floats + O(number of mined pairs), no float N x M tensor (plus N M bytes
+    O(threads x chunk_size x M) floats (one chunk buffer per CPU thread) + O(number of mined
+    pairs), no float N x M tensor (plus N M bytes
     of pair categories with an ``indices_tuple``). ``chunk_size``: query rows per chunk
     (``None``: 256K pairs or 128 rows, whichever is more, at most 4M pairs). Any other distance
     object (subclasses included) is called as is and the dense kernel
