@@ -86,8 +86,11 @@ class PairHistogram(torch.autograd.Function):
         starts = range(0, n, chunk_rows)
         workers = chunk_workers(len(starts), queries.device)
         source = ExclusiveRows(categories, workers)
+        # Column blocks keep a chunk's elementwise passes in cache when M is large (a batch
+        # against a memory bank): see column_block.
+        block = column_block(min(chunk_rows, n), m)
         # Per-worker chunk buffers, allocated once: reused memory stays mapped and in cache.
-        buffers = [_ForwardBuffers(min(chunk_rows, n), m, queries) for _ in range(workers)]
+        buffers = [_ForwardBuffers(min(chunk_rows, n) * block, queries) for _ in range(workers)]
         shift = queries.new_tensor(offset + 1.0)
 
         def chunk(index: int, worker: int) -> None:
@@ -95,22 +98,29 @@ class PairHistogram(torch.autograd.Function):
             stop = min(start + chunk_rows, n)
             rows = stop - start
             buf = buffers[worker]
-            u, column, index_ = buf.scores[:rows], buf.column[:rows], buf.index[:rows]
-            small_index = buf.small_index[:rows]
-            torch.addmm(shift, queries[start:stop], refs.T, alpha=scale, out=u)
-            u.clamp_(0.5, num_intervals + 1.5)
-            torch.floor(u, out=column)
-            frac = u.sub_(column)
-            column.add_(source.rows(start, stop, worker), alpha=width)
-            # float -> int32 -> int64 is faster than float -> int64 in one conversion, and the
-            # int32 copy narrows cheaply into the codes; scatter_add_ itself is fastest on int64.
-            small_index.copy_(column)
-            codes[start:stop] = small_index
-            index_.copy_(small_index)
-            out[start:stop, 1:].scatter_add_(1, index_, frac)
-            # The left column's weight 1 - frac is accumulated negated (frac - 1, one in-place
-            # pass, no extra buffer) and subtracted once at the end.
-            minus_left[start:stop].scatter_add_(1, index_, frac.sub_(1.0))
+            cat = source.rows(start, stop, worker)
+            # A row's pairs are scattered block after block, in column order: the same additions
+            # in the same order as one pass over the row.
+            for first in range(0, m, block):
+                last = min(first + block, m)
+                size = rows * (last - first)
+                shape = (rows, last - first)
+                u, column = buf.scores[:size].view(shape), buf.column[:size].view(shape)
+                index_, small_index = buf.index[:size].view(shape), buf.small_index[:size].view(shape)
+                torch.addmm(shift, queries[start:stop], refs[first:last].T, alpha=scale, out=u)
+                u.clamp_(0.5, num_intervals + 1.5)
+                torch.floor(u, out=column)
+                frac = u.sub_(column)
+                column.add_(cat[:, first:last], alpha=width)
+                # float -> int32 -> int64 is faster than float -> int64 in one conversion, and
+                # the int32 copy narrows cheaply into the codes; scatter_add_ is fastest on int64.
+                small_index.copy_(column)
+                codes[start:stop, first:last] = small_index
+                index_.copy_(small_index)
+                out[start:stop, 1:].scatter_add_(1, index_, frac)
+                # The left column's weight 1 - frac is accumulated negated (frac - 1, one
+                # in-place pass, no extra buffer) and subtracted once at the end.
+                minus_left[start:stop].scatter_add_(1, index_, frac.sub_(1.0))
 
         map_chunks(chunk, len(starts), workers)
         out.sub_(minus_left)
@@ -150,13 +160,22 @@ class PairHistogram(torch.autograd.Function):
 
 
 class _ForwardBuffers:
-    """One worker's chunk buffers of :meth:`PairHistogram.forward`, ``(rows, M)`` each."""
+    """One worker's flat buffers of :meth:`PairHistogram.forward`, ``size`` elements each, viewed
+    as each column block's ``(rows, columns)``."""
 
-    def __init__(self, rows: int, cols: int, like: torch.Tensor):
-        shape = (rows, cols)
-        self.scores, self.column = like.new_empty(shape), like.new_empty(shape)
-        self.index = torch.empty(shape, dtype=torch.long, device=like.device)
-        self.small_index = torch.empty(shape, dtype=torch.int32, device=like.device)
+    def __init__(self, size: int, like: torch.Tensor):
+        self.scores, self.column = like.new_empty(size), like.new_empty(size)
+        self.index = torch.empty(size, dtype=torch.long, device=like.device)
+        self.small_index = torch.empty(size, dtype=torch.int32, device=like.device)
+
+
+def column_block(rows: int, cols: int) -> int:
+    """Columns per block of a ``rows``-row chunk: all ``cols`` while the chunk holds at most
+    ``2 * CACHE_CHUNK_ELEMENTS`` pairs, else enough for about ``CACHE_CHUNK_ELEMENTS`` (at least
+    4096 columns, so each block's product stays large)."""
+    if rows * cols <= 2 * CACHE_CHUNK_ELEMENTS:
+        return max(cols, 1)
+    return min(cols, max(CACHE_CHUNK_ELEMENTS // max(rows, 1), 4096))
 
 
 def _pair_gradient(slope, codes, other, out, block, by_rows: bool) -> None:
@@ -167,22 +186,33 @@ def _pair_gradient(slope, codes, other, out, block, by_rows: bool) -> None:
     total = n if by_rows else m
     starts = range(0, total, block)
     workers = chunk_workers(len(starts), codes.device)
+    # Row blocks of a wide G are gathered and multiplied by column blocks (see column_block),
+    # accumulated in column order.
+    cols = column_block(min(block, total), m) if by_rows else n
     # Flat buffers, viewed per block: a narrower last block stays contiguous.
-    size = min(block, total) * (m if by_rows else n)
+    size = min(block, total) * cols
     index_bufs = [torch.empty(size, dtype=torch.long, device=codes.device) for _ in range(workers)]
     grad_bufs = [slope.new_empty(size) for _ in range(workers)]
+
+    def view(worker: int, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        size = shape[0] * shape[1]
+        return index_bufs[worker][:size].view(shape), grad_bufs[worker][:size].view(shape)
 
     def chunk(index: int, worker: int) -> None:
         start = starts[index]
         stop = min(start + block, total)
-        shape = (stop - start, m) if by_rows else (n, stop - start)
-        index_ = index_bufs[worker][: shape[0] * shape[1]].view(shape)
-        grad_scores = grad_bufs[worker][: shape[0] * shape[1]].view(shape)
         if by_rows:
-            index_.copy_(codes[start:stop])
-            torch.gather(slope[start:stop], 1, index_, out=grad_scores)
-            torch.mm(grad_scores, other, out=out[start:stop])
+            for first in range(0, m, cols):
+                last = min(first + cols, m)
+                index_, grad_scores = view(worker, (stop - start, last - first))
+                index_.copy_(codes[start:stop, first:last])
+                torch.gather(slope[start:stop], 1, index_, out=grad_scores)
+                if first == 0:
+                    torch.mm(grad_scores, other[first:last], out=out[start:stop])
+                else:
+                    out[start:stop].addmm_(grad_scores, other[first:last])
         else:
+            index_, grad_scores = view(worker, (n, stop - start))
             index_.copy_(codes[:, start:stop])
             torch.gather(slope, 1, index_, out=grad_scores)
             torch.mm(grad_scores.T, other, out=out[start:stop])
