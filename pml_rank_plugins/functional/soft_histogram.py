@@ -23,11 +23,16 @@ keeps for backward one small integer per pair, its histogram column (one byte fo
 intervals). Backward reads the histogram gradient's slope at those columns with a gather (by
 row blocks for the query gradient, by column blocks for the reference gradient, so that no two
 chunks add into the same output rows) and needs no recomputation. Chunks run on threads
-(:mod:`~pml_rank_plugins.functional.chunk_threads`), each with its own buffers. Peak extra memory
-is O(threads * chunk * M) (chunks of 256K to 4M scores, see :func:`rows_per_chunk`; a few buffers
-of that size per thread) + N M bytes (+ N M bytes of dense categories with a miner), independent
-of ``L``; time three O(N M d) products (scores; both gradients) plus O(N M) elementwise work (two
-scatters in forward, one gather per gradient in backward, a handful of in-cache passes).
+(:mod:`~pml_rank_plugins.functional.chunk_threads`), each with its own buffers. A chunk wider than
+``2 * CACHE_CHUNK_ELEMENTS`` pairs (a batch against a large memory bank) is processed in column
+blocks of about ``CACHE_CHUNK_ELEMENTS`` pairs (:func:`column_block`), so its elementwise passes
+stay in cache; each row scatters into ``_LANES`` interleaved copies of its columns, so that
+consecutive pairs in the same bin do not wait on each other. Peak extra memory is
+O(threads * chunk * min(M, block)) floats (a few buffers of that size per thread) + O(threads *
+chunk * M) bytes of chunk categories + N M bytes of codes (+ N M bytes of dense categories with a
+miner), independent of ``L``; time three O(N M d) products (scores;
+both gradients) plus O(N M) elementwise work (two scatters in forward, one gather per gradient in
+backward, a handful of in-cache passes).
 
 Convention at kinks: a value exactly on a bin centre gets the slope of the interval above it;
 clamped values (outside the range) get zero.
@@ -49,6 +54,15 @@ from .chunking import (  # noqa: F401 (re-exported: the chunking helpers used to
     LabelCategories,
     rows_per_chunk,
 )
+
+# scatter_add_ adds a row's pairs one after the other; when consecutive pairs fall in the same
+# column (most pairs are negatives whose scores crowd into one or two bins), each add waits for
+# the previous one. Spreading consecutive pairs over _LANES copies of the columns, summed at the
+# end, breaks those chains (one thread, 64 x 65,536 pairs of random unit vectors: 3.4 ms ->
+# 1.9 ms per scatter; 8 copies were no faster than 4).
+_LANES = 4
+# The narrowest column block of a wide chunk (see column_block).
+MIN_BLOCK_COLUMNS = 4096
 
 
 def _code_dtype(max_code: int) -> torch.dtype:
@@ -80,8 +94,12 @@ class PairHistogram(torch.autograd.Function):
         n, m = len(queries), len(refs)
         width = num_intervals + 3
         # Ignored pairs land in a third segment that is dropped; one spare column for ``c + 1``.
-        out = queries.new_zeros(n, 3 * width)
+        # Each row accumulates into _LANES copies of its 3 * width columns, pair j into copy
+        # j % _LANES (see _LANES), summed at the end.
+        out = queries.new_zeros(n, _LANES * 3 * width)
         minus_left = torch.zeros_like(out)
+        lane = (torch.arange(m, device=queries.device, dtype=torch.int32) % _LANES) * (3 * width)
+        lane = lane.unsqueeze(0)
         codes = torch.empty(n, m, dtype=_code_dtype(3 * width - 2), device=queries.device)
         starts = range(0, n, chunk_rows)
         workers = chunk_workers(len(starts), queries.device)
@@ -99,14 +117,17 @@ class PairHistogram(torch.autograd.Function):
             rows = stop - start
             buf = buffers[worker]
             cat = source.rows(start, stop, worker)
-            # A row's pairs are scattered block after block, in column order: the same additions
-            # in the same order as one pass over the row.
+            # A row's pairs are scattered block after block, in column order: the additions of
+            # one pass over the row, in its order (a block's product may round differently from
+            # the whole row's in the last bit).
             for first in range(0, m, block):
                 last = min(first + block, m)
                 size = rows * (last - first)
                 shape = (rows, last - first)
                 u, column = buf.scores[:size].view(shape), buf.column[:size].view(shape)
-                index_, small_index = buf.index[:size].view(shape), buf.small_index[:size].view(shape)
+                index_, small_index = buf.index[:size].view(shape), buf.small_index[:size].view(
+                    shape
+                )
                 torch.addmm(shift, queries[start:stop], refs[first:last].T, alpha=scale, out=u)
                 u.clamp_(0.5, num_intervals + 1.5)
                 torch.floor(u, out=column)
@@ -116,14 +137,15 @@ class PairHistogram(torch.autograd.Function):
                 # the int32 copy narrows cheaply into the codes; scatter_add_ is fastest on int64.
                 small_index.copy_(column)
                 codes[start:stop, first:last] = small_index
-                index_.copy_(small_index)
+                index_.copy_(small_index.add_(lane[:, first:last]))
                 out[start:stop, 1:].scatter_add_(1, index_, frac)
                 # The left column's weight 1 - frac is accumulated negated (frac - 1, one
                 # in-place pass, no extra buffer) and subtracted once at the end.
                 minus_left[start:stop].scatter_add_(1, index_, frac.sub_(1.0))
 
         map_chunks(chunk, len(starts), workers)
-        out.sub_(minus_left)
+        out = out.view(n, _LANES, 3 * width).sum(1)
+        out.sub_(minus_left.view(n, _LANES, 3 * width).sum(1))
         ctx.save_for_backward(queries, refs, codes)
         ctx.params = (scale, num_intervals, chunk_rows)
         segments = out[:, : 2 * width].view(n, 2, width)
@@ -172,10 +194,10 @@ class _ForwardBuffers:
 def column_block(rows: int, cols: int) -> int:
     """Columns per block of a ``rows``-row chunk: all ``cols`` while the chunk holds at most
     ``2 * CACHE_CHUNK_ELEMENTS`` pairs, else enough for about ``CACHE_CHUNK_ELEMENTS`` (at least
-    4096 columns, so each block's product stays large)."""
+    ``MIN_BLOCK_COLUMNS``, so each block's product stays large)."""
     if rows * cols <= 2 * CACHE_CHUNK_ELEMENTS:
         return max(cols, 1)
-    return min(cols, max(CACHE_CHUNK_ELEMENTS // max(rows, 1), 4096))
+    return min(cols, max(CACHE_CHUNK_ELEMENTS // max(rows, 1), MIN_BLOCK_COLUMNS))
 
 
 def _pair_gradient(slope, codes, other, out, block, by_rows: bool) -> None:

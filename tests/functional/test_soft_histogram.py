@@ -2,6 +2,7 @@ import pytest
 import torch
 from torch.autograd import gradcheck
 
+from pml_rank_plugins.functional import soft_histogram
 from pml_rank_plugins.functional.soft_histogram import (
     LabelCategories,
     pair_categories,
@@ -169,3 +170,49 @@ def test_default_chunk_rows():
     assert rows_per_chunk(4096, 1 << 20) == 4  # 4M-score ceiling for huge reference sets
     assert rows_per_chunk(4096, 1 << 30) == 1
     assert rows_per_chunk(10, 10, chunk_size=3) == 3
+
+
+def blocked(monkeypatch, cache_elements=8, min_columns=3):
+    """Shrinks the column blocks (see soft_histogram.column_block) to a few columns."""
+    monkeypatch.setattr(soft_histogram, "CACHE_CHUNK_ELEMENTS", cache_elements)
+    monkeypatch.setattr(soft_histogram, "MIN_BLOCK_COLUMNS", min_columns)
+
+
+def test_column_block_splits_only_wide_chunks(monkeypatch):
+    assert soft_histogram.column_block(128, 4096) == 4096  # 512K pairs: one block
+    assert soft_histogram.column_block(64, 65536) == 4096  # the memory-bank shape: 16 blocks
+    assert soft_histogram.column_block(128, 16384) == 4096
+    blocked(monkeypatch)
+    assert soft_histogram.column_block(2, 8) == 8  # 16 pairs fit in 2 x 8: one block
+    assert soft_histogram.column_block(2, 13) == 4  # 8 // 2 columns
+    assert soft_histogram.column_block(5, 11) == 3  # at least MIN_BLOCK_COLUMNS
+
+
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_column_blocks_change_nothing_and_equal_the_dense_kernel(monkeypatch, chunk_size):
+    q, r, categories = random_inputs(n=9, m=13, d=4, seed=5)
+    mix = torch.randn(9, 2, 11, dtype=torch.float64)
+    results = []
+    for shrink in (False, True):
+        if shrink:
+            blocked(monkeypatch)
+            assert soft_histogram.column_block(min(chunk_size or 9, 9), 13) < 13
+        qq, rr = q.clone().requires_grad_(True), r.clone().requires_grad_(True)
+        hist = pair_histograms(qq, rr, categories, 5.0, -5.0, 10, chunk_size=chunk_size)
+        (hist * mix).sum().backward()
+        results.append((hist, qq.grad, rr.grad))
+    want = dense_histograms(q, r, categories, 5.0, -5.0, 10)
+    torch.testing.assert_close(results[1][0], want, rtol=0, atol=1e-12)
+    # Same additions in the same order; a block's product may round its last bit differently.
+    for a, b in zip(results[0], results[1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_column_blocks_gradcheck_float64(monkeypatch):
+    blocked(monkeypatch)
+    q, r, categories = random_inputs(n=5, m=9, d=3, seed=6)
+    q.requires_grad_(True)
+    r.requires_grad_(True)
+    mix = torch.randn(5, 2, 5, dtype=torch.float64)
+    assert soft_histogram.column_block(5, 9) < 9
+    assert gradcheck(lambda q, r: (pair_histograms(q, r, categories, 2, -2, 4) * mix).sum(), (q, r))
