@@ -5,9 +5,9 @@ The chunked kernels (:mod:`~pml_rank_plugins.functional.soft_histogram`,
 product on each chunk of query rows. Run one after the other with torch's intra-op threads, every
 operation is a parallel region that ends in a barrier: with ``T`` threads and one core taken by
 another process, each barrier waits for the thread whose core is busy, up to a scheduler time
-slice. Measured on a 2-core machine at N = 4096 (32 chunks, about 450 regions per forward +
-backward): 3-4x slower next to a one-thread training process, up to 20x next to a workload that
-starts short processes, while the three large products of the floor slow down by at most 2x.
+slice. At N = 4096 (32 chunks, about 500 regions per forward + backward), measured on a 2-core
+machine: about 20x the floor next to a one-thread training process or a niced loop that starts
+short processes, while the three large products of the floor slow down by about 2x.
 
 :func:`map_chunks` instead gives each of ``T`` Python threads whole chunks, each chunk run with
 one torch thread (torch releases the GIL inside its operations). Chunks are claimed one at a time,
