@@ -7,7 +7,7 @@ operation is a parallel region that ends in a barrier: with ``T`` threads and on
 another process, each barrier waits for the thread whose core is busy, up to a scheduler time
 slice. At N = 4096 (32 chunks, about 500 regions per forward + backward), measured on a 2-core
 machine: about 20x the floor next to a one-thread training process or a niced loop that starts
-short processes, while the three large products of the floor slow down by about 2x.
+short processes, while the three large products of the floor slow down by about 2.3x.
 
 :func:`map_chunks` instead gives each of ``T`` Python threads whole chunks, each chunk run with
 one torch thread (torch releases the GIL inside its operations). Chunks are claimed one at a time,
