@@ -120,25 +120,25 @@ def map_chunks(work: Callable[[int, int], Result], count: int, workers: int) -> 
 class ExclusiveRows:
     """A category source's ``rows(start, stop)`` made safe for :func:`map_chunks`.
 
-    Sources may return a view of one reused buffer (``LabelCategories``), valid until their next
-    call; each worker therefore fetches its rows under a lock and copies them into its own buffer.
-    With one worker the rows are returned as they are (no copy).
+    ``LabelCategories`` computes rows into a buffer it reuses from call to call; here each worker
+    passes its own buffer as ``out``, so no two workers ever share one (no lock, no copy).
+    ``DenseCategories`` returns views of its tensor and ignores ``out``. With one worker the
+    source's own buffer is used.
     """
 
     def __init__(self, source, workers: int):
         self.source = source
         self.shape = tuple(source.shape)
         self.workers = workers
-        self._lock = threading.Lock()
         self._buffers: list[torch.Tensor | None] = [None] * workers
 
     def rows(self, start: int, stop: int, worker: int = 0) -> torch.Tensor:
         """Rows ``[start, stop)`` of the categories, owned by ``worker`` until its next call."""
         if self.workers == 1:
             return self.source.rows(start, stop)
-        with self._lock:
-            rows = self.source.rows(start, stop)
-            buffer = self._buffers[worker]
-            if buffer is None or buffer.dtype != rows.dtype or len(buffer) < len(rows):
-                buffer = self._buffers[worker] = torch.empty_like(rows)
-            return buffer[: len(rows)].copy_(rows)
+        buffer = self._buffers[worker]
+        if buffer is None or len(buffer) < stop - start:
+            buffer = self._buffers[worker] = torch.empty(
+                stop - start, self.shape[1], dtype=torch.bool, device=self.source.device
+            )
+        return self.source.rows(start, stop, out=buffer)

@@ -5,7 +5,7 @@ List Loss (:mod:`~pml_rank_plugins.functional.ranked_list_chunked`) both process
 (query, reference) pairs one chunk of query rows at a time, in reused buffers, and need each
 pair's category: 0 = positive, 1 = negative, 2 = ignored (self pair, unmined pair).
 
-Categories come from a *source* with ``shape`` and ``rows(start, stop)``:
+Categories come from a *source* with ``shape``, ``device`` and ``rows(start, stop, out=None)``:
 :class:`DenseCategories` wraps an ``(N, M)`` int8 tensor (pairs from a miner, N M bytes);
 :class:`LabelCategories` derives each chunk's categories from the labels (same label = positive,
 else negative, self pair ignored), so nothing of size N x M is stored.
@@ -43,8 +43,10 @@ class DenseCategories:
     def __init__(self, categories: torch.Tensor):
         self.categories = categories.to(torch.int8)
         self.shape = tuple(categories.shape)
+        self.device = categories.device
 
-    def rows(self, start: int, stop: int) -> torch.Tensor:
+    def rows(self, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows ``[start, stop)``: a view of the tensor (``out`` is not needed and not used)."""
         return self.categories[start:stop]
 
 
@@ -59,17 +61,21 @@ class LabelCategories:
         ids = torch.unique(torch.cat([labels, ref_labels]), return_inverse=True)[1].int()
         self.labels, self.ref_labels = ids[: len(labels)], ids[len(labels) :]
         self.self_columns = self_columns
+        self.device = labels.device
         self._buffer = None
 
-    def rows(self, start: int, stop: int) -> torch.Tensor:
+    def rows(self, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows ``[start, stop)`` computed into ``out`` (a bool ``(>= stop - start, M)`` buffer),
+        or without ``out`` into one buffer reused across calls (a fresh multi-MB allocation per
+        chunk costs page faults); the returned rows are valid until that buffer is reused."""
         labels = self.labels[start:stop]
-        # One bool buffer is reused across chunks (a fresh multi-MB allocation per chunk costs
-        # page faults); the returned rows are valid until the next call.
-        if self._buffer is None or self._buffer.shape[0] < len(labels):
-            self._buffer = torch.empty(
-                len(labels), self.shape[1], dtype=torch.bool, device=labels.device
-            )
-        differ = self._buffer[: len(labels)]
+        if out is None:
+            if self._buffer is None or self._buffer.shape[0] < len(labels):
+                self._buffer = torch.empty(
+                    len(labels), self.shape[1], dtype=torch.bool, device=labels.device
+                )
+            out = self._buffer
+        differ = out[: len(labels)]
         torch.ne(labels.view(-1, 1), self.ref_labels.view(1, -1), out=differ)
         # bool -> int8 reinterprets the bytes (0/1) instead of converting them.
         categories = differ.view(torch.int8)

@@ -8,7 +8,7 @@ import torch
 
 from pml_rank_plugins.functional import ranked_list_chunked
 from pml_rank_plugins.functional.chunk_threads import ExclusiveRows, chunk_workers, map_chunks
-from pml_rank_plugins.functional.chunking import LabelCategories
+from pml_rank_plugins.functional.chunking import DenseCategories, LabelCategories
 from pml_rank_plugins.functional.ranked_list_chunked import (
     chunked_ranked_list_mining,
     chunked_ranked_list_terms,
@@ -86,6 +86,18 @@ def test_exclusive_rows_copies_survive_another_workers_call():
     rows.rows(4, 6, worker=1)  # the source reuses one buffer; the worker copies must not change
     assert torch.equal(kept, first)
     assert torch.equal(first, LabelCategories(labels, labels, torch.arange(6)).rows(0, 2))
+
+
+def test_exclusive_rows_of_dense_categories_are_views_and_labels_fill_each_workers_buffer():
+    dense = DenseCategories(torch.randint(0, 3, (6, 4), dtype=torch.int8))
+    rows = ExclusiveRows(dense, workers=2)
+    assert rows.rows(2, 4, worker=1).data_ptr() == dense.categories[2:4].data_ptr()
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    source = LabelCategories(labels, labels, torch.arange(6))
+    rows = ExclusiveRows(source, workers=2)
+    first, second = rows.rows(0, 2, worker=0), rows.rows(2, 4, worker=1)
+    assert first.data_ptr() != second.data_ptr()
+    assert torch.equal(second, LabelCategories(labels, labels, torch.arange(6)).rows(2, 4))
 
 
 def histogram_grads(q, r, categories):
