@@ -12,7 +12,9 @@ untimed warm-up calls. A script keeps only its cases, its own flags and its tabl
 * :func:`print_header` / :func:`print_row` / :func:`mib` -- the table;
 * :func:`add_load_flags` / :func:`competing_load` / :func:`machine_load` -- ``--load none|train|
   spawn``: a competing CPU load (``benchmarks/_load.py``) started by the script for the whole
-  measurement, bounded by ``--load-limit`` seconds and stopped when the table is done.
+  measurement, bounded by ``--load-limit`` seconds and stopped when the table is done;
+* :func:`report_pairwise` -- the pairwise benchmarks' table (one row per ``--sizes`` entry) under
+  that load.
 """
 
 from __future__ import annotations
@@ -333,6 +335,27 @@ def versus_pml(ours: dict, pml: dict | None) -> tuple[str, str]:
     if pml is None:
         return "-", "-"
     return f"{pml['time'] / ours['time']:.1f}x", f"1/{pml['peak'] / max(ours['peak'], 1):.0f}"
+
+
+def report_pairwise(
+    script: str,
+    cases: list[str],
+    args: argparse.Namespace,
+    title: str,
+    columns: list[str],
+    size_row: Callable[[int, dict], list],
+    pml_cost: str,
+) -> None:
+    """The table of a pairwise benchmark: ``title`` with the competing load (``--load``, run for
+    the whole measurement) and the load average before, one row ``size_row(N, best)`` per size
+    (:func:`measure_sizes`), then the load average after and :func:`note_pml_skipped`."""
+    with competing_load(args.load, args.load_limit):
+        print(f"{title}; {LOAD_NAMES[args.load]}; before: {machine_load()}")
+        print_header(columns, text_first=False)
+        for n, best in measure_sizes(script, cases, args):
+            print_row(size_row(n, best))
+    print(f"after: {machine_load()}")
+    note_pml_skipped(args, pml_cost)
 
 
 def note_pml_skipped(args: argparse.Namespace, cost: str) -> None:

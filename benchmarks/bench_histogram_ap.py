@@ -33,17 +33,11 @@ from __future__ import annotations
 from functools import partial
 
 from _measure import (
-    LOAD_NAMES,
     add_pairwise_flags,
     bench_main,
     bench_parser,
-    competing_load,
-    machine_load,
-    measure_sizes,
     mib,
-    note_pml_skipped,
-    print_header,
-    print_row,
+    report_pairwise,
     run_pairwise_case,
     versus_pml,
 )
@@ -79,42 +73,34 @@ def make_loss(case: str):
 
 def report(args) -> None:
     """Measures every size and case, prints the table."""
-    with competing_load(args.load, args.load_limit):
-        print(
-            f"FastAP (ours, PML: 10 bins) and mAP_Q (20 bins) forward+backward, CPU, "
-            f"{args.threads} threads, d={args.dim}, {args.warmup} warm-up call(s), best of "
-            f"{args.repeats} timed x {args.rounds} rounds; peak = RSS growth during all calls; "
-            f"{LOAD_NAMES[args.load]}; before: {machine_load()}"
-        )
-        print_header(COLUMNS, text_first=False)
-        for n, best in measure_sizes(__file__, CASES, args):
-            print_size_row(n, best)
-    print(f"after: {machine_load()}")
-    note_pml_skipped(args, "O(L N^2)")
+    title = (
+        f"FastAP (ours, PML: 10 bins) and mAP_Q (20 bins) forward+backward, CPU, "
+        f"{args.threads} threads, d={args.dim}, {args.warmup} warm-up call(s), best of "
+        f"{args.repeats} timed x {args.rounds} rounds; peak = RSS growth during all calls"
+    )
+    report_pairwise(__file__, CASES, args, title, COLUMNS, size_row, "O(L N^2)")
 
 
-def print_size_row(n: int, best: dict) -> None:
+def size_row(n: int, best: dict) -> list:
     """The table row of size ``n`` from its cases' results."""
     ours, qap, floor, pml = best["ours"], best["qap"], best["floor"], best.get("pml")
     speedup, memory = versus_pml(ours, pml)
-    print_row(
-        [
-            n,
-            f"{ours['time']:.3f}",
-            f"{pml['time']:.3f}" if pml else "skipped",
-            f"{floor['time']:.3f}",
-            speedup,
-            f"{ours['time'] / floor['time']:.2f}x",
-            mib(ours),
-            mib(pml) if pml else "-",
-            mib(floor),
-            memory,
-            f"{qap['time']:.3f}",
-            versus_pml(qap, pml)[0],
-            f"{qap['time'] / floor['time']:.2f}x",
-            mib(qap),
-        ]
-    )
+    return [
+        n,
+        f"{ours['time']:.3f}",
+        f"{pml['time']:.3f}" if pml else "skipped",
+        f"{floor['time']:.3f}",
+        speedup,
+        f"{ours['time'] / floor['time']:.2f}x",
+        mib(ours),
+        mib(pml) if pml else "-",
+        mib(floor),
+        memory,
+        f"{qap['time']:.3f}",
+        versus_pml(qap, pml)[0],
+        f"{qap['time'] / floor['time']:.2f}x",
+        mib(qap),
+    ]
 
 
 def main() -> None:

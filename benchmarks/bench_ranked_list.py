@@ -32,17 +32,11 @@ import warnings
 from functools import partial
 
 from _measure import (
-    LOAD_NAMES,
     add_pairwise_flags,
     bench_main,
     bench_parser,
-    competing_load,
-    machine_load,
-    measure_sizes,
     mib,
-    note_pml_skipped,
-    print_header,
-    print_row,
+    report_pairwise,
     run_pairwise_case,
     versus_pml,
 )
@@ -80,43 +74,35 @@ def make_loss(case: str):
 
 def report(args) -> None:
     """Measures every size and case, prints the table."""
-    with competing_load(args.load, args.load_limit):
-        print(
-            f"RankedListLoss forward+backward, CPU, {args.threads} threads, d={args.dim}, "
-            "alpha 1.2, margin 0.4, Tn 10, 4 per class, "
-            f"{args.warmup} warm-up call(s), best of {args.repeats} timed x {args.rounds} "
-            "rounds; peak = RSS growth during all calls; ours = gallery_gradient=False, gg = "
-            f"True; {LOAD_NAMES[args.load]}; before: {machine_load()}"
-        )
-        print_header(COLUMNS, text_first=False)
-        for n, best in measure_sizes(__file__, CASES, args):
-            print_size_row(n, best)
-    print(f"after: {machine_load()}")
-    note_pml_skipped(args, "O(N^2)")
+    title = (
+        f"RankedListLoss forward+backward, CPU, {args.threads} threads, d={args.dim}, "
+        "alpha 1.2, margin 0.4, Tn 10, 4 per class, "
+        f"{args.warmup} warm-up call(s), best of {args.repeats} timed x {args.rounds} "
+        "rounds; peak = RSS growth during all calls; ours = gallery_gradient=False, gg = True"
+    )
+    report_pairwise(__file__, CASES, args, title, COLUMNS, size_row, "O(N^2)")
 
 
-def print_size_row(n: int, best: dict) -> None:
+def size_row(n: int, best: dict) -> list:
     """The table row of size ``n`` from its cases' results."""
     ours, gg, floor, pml = best["ours"], best["ours_gg"], best["floor"], best.get("pml")
     speedup, memory = versus_pml(ours, pml)
-    print_row(
-        [
-            n,
-            f"{ours['time']:.3f}",
-            f"{gg['time']:.3f}",
-            f"{pml['time']:.3f}" if pml else "skipped",
-            f"{floor['time']:.3f}",
-            speedup,
-            versus_pml(gg, pml)[0],
-            f"{ours['time'] / floor['time']:.2f}x",
-            f"{gg['time'] / floor['time']:.2f}x",
-            mib(ours),
-            mib(gg),
-            mib(pml) if pml else "-",
-            mib(floor),
-            memory,
-        ]
-    )
+    return [
+        n,
+        f"{ours['time']:.3f}",
+        f"{gg['time']:.3f}",
+        f"{pml['time']:.3f}" if pml else "skipped",
+        f"{floor['time']:.3f}",
+        speedup,
+        versus_pml(gg, pml)[0],
+        f"{ours['time'] / floor['time']:.2f}x",
+        f"{gg['time'] / floor['time']:.2f}x",
+        mib(ours),
+        mib(gg),
+        mib(pml) if pml else "-",
+        mib(floor),
+        memory,
+    ]
 
 
 def main() -> None:
