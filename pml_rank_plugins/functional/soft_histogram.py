@@ -122,12 +122,7 @@ class PairHistogram(torch.autograd.Function):
             # the whole row's in the last bit).
             for first in range(0, m, block):
                 last = min(first + block, m)
-                size = rows * (last - first)
-                shape = (rows, last - first)
-                u, column = buf.scores[:size].view(shape), buf.column[:size].view(shape)
-                index_, small_index = buf.index[:size].view(shape), buf.small_index[:size].view(
-                    shape
-                )
+                u, column, index_, small_index = buf.views(rows, last - first)
                 torch.addmm(shift, queries[start:stop], refs[first:last].T, alpha=scale, out=u)
                 u.clamp_(0.5, num_intervals + 1.5)
                 torch.floor(u, out=column)
@@ -189,6 +184,11 @@ class _ForwardBuffers:
         self.scores, self.column = like.new_empty(size), like.new_empty(size)
         self.index = torch.empty(size, dtype=torch.long, device=like.device)
         self.small_index = torch.empty(size, dtype=torch.int32, device=like.device)
+
+    def views(self, rows: int, cols: int) -> tuple[torch.Tensor, ...]:
+        """``(scores, column, index, small_index)`` viewed as ``(rows, cols)`` (contiguous)."""
+        buffers = (self.scores, self.column, self.index, self.small_index)
+        return tuple(b[: rows * cols].view(rows, cols) for b in buffers)
 
 
 def column_block(rows: int, cols: int) -> int:
