@@ -80,14 +80,19 @@ def test_bench_histogram_ap_reports_map_q_next_to_fastap():
     assert table_rows(out)[0][-2].endswith("x")  # mAP_Q / floor
 
 
+def running_commands() -> str:
+    """Every process's whole command line, one per line.
+
+    ``ps -eo args`` cuts lines at the terminal's width (it did on CI, where the checkout's path
+    is longer); ``-ww`` asks for unlimited width.
+    """
+    return subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
+
+
 def test_competing_load_runs_during_the_block_only():
     with competing_load("train", limit_s=61.25, settle_s=0.5):
-        running = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-        assert "_load.py train 61.25" in running
-    assert (
-        "_load.py train 61.25"
-        not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    )
+        assert "_load.py train 61.25" in running_commands()
+    assert "_load.py train 61.25" not in running_commands()
     with pytest.raises(ValueError, match="unknown load 'busy'"):
         with competing_load("busy"):
             pass
