@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from pml_rank_plugins.experiment import builder, registry
 from pml_rank_plugins.experiment.schema import deep_merge
 from pml_rank_plugins.running import distributed, runner
 from pml_rank_plugins.running.checkpoints import load_checkpoint
+from tests.ports import free_port
 from tests.tiny import TinyNet, tiny_config
 
 
@@ -76,12 +76,6 @@ SCENARIOS = {
 # rows in chunks 4 + 2) and by the uneven gather of tests/trainers/test_distributed.py
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, port: int, root: str) -> None:
     """One torchrun-like process: the runner sets the process group up from the environment."""
     torch.set_num_threads(1)
@@ -102,7 +96,7 @@ def _worker(rank: int, port: int, root: str) -> None:
 @pytest.fixture(scope="module")
 def two_process_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(_free_port(), str(root)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), str(root)), nprocs=2, join=True)
     return root
 
 

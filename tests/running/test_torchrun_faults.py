@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,10 @@ import pytest
 import torch.distributed as dist
 
 from pml_rank_plugins.running import distributed
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow  # process start-up dominates (a few seconds per test)
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(scenario: str, folder: Path, env: dict) -> subprocess.Popen:
@@ -43,7 +37,7 @@ def _start(scenario: str, folder: Path, env: dict) -> subprocess.Popen:
 
 
 def _ranks(scenario: str, folder: Path, **env) -> list[subprocess.Popen]:
-    port = _free_port()
+    port = free_port()
     return [
         _start(
             scenario,

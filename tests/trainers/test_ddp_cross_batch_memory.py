@@ -3,8 +3,6 @@ order, so the memory is identical on both ranks and equal to the 1-process run's
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,6 +11,7 @@ from pytorch_metric_learning.losses import ContrastiveLoss
 
 from pml_rank_plugins.losses import CrossBatchMemory, FastAPLoss
 from pml_rank_plugins.trainers import DistributedMetricLossOnly, wrap_ddp
+from tests.ports import free_port
 
 STEPS, BATCH, MEMORY = 5, 10, 24  # the queue wraps around (50 items through 24 slots)
 
@@ -57,16 +56,10 @@ def _worker(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow  # two spawned processes (about 10 s of CPU)
 def test_memory_identical_on_both_ranks_and_equal_to_one_process(tmp_path):
     out = str(tmp_path / "memory")
-    mp.spawn(_worker, args=(_free_port(), out), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), out), nprocs=2, join=True)
     ranks = [torch.load(f"{out}.{r}") for r in range(2)]
     for name in ("contrastive", "fastap"):
         r0, r1 = ranks[0][name], ranks[1][name]
