@@ -29,7 +29,7 @@ the direct call's. Run: ``python benchmarks/bench_memory_bank.py [--memory 65536
 [--device auto|cpu|cuda] [--paired]``. ``--paired`` adds a table timed in one process per loss,
 the floor, ``CrossBatchMemory``, direct and PML-path steps called in turn each round: on a shared
 machine a change of load then hits the four alike, so their ratios hold better than across
-subprocesses.
+subprocesses; the order rotates by one case per round (use ``--repeats`` a multiple of 4).
 """
 
 from __future__ import annotations
@@ -106,10 +106,21 @@ def make_compute(case: str, x, labels, mem, mem_labels):
 
 def paired_times(x, computes: dict, warmup: int, repeats: int) -> dict:
     """Best wall time of each of ``computes`` (forward + backward), the cases called in turn
-    within each of ``warmup + repeats`` rounds, so a change of load hits them all alike."""
+    within each of ``warmup + repeats`` rounds, so a change of load hits them all alike.
+
+    The order is rotated by one case each round (timed round ``k`` starts with case ``k mod
+    K``), so with ``repeats`` a multiple of the ``K`` cases each case is timed equally often in
+    each position. A fixed order biased the ratios: with the floor always first and
+    ``CrossBatchMemory`` always second, RankedList through ``CrossBatchMemory`` measured
+    1.19-1.21x the direct call, and 0.92-1.00x in four runs once the order rotated
+    (docs/performance.md).
+    """
     best = {case: float("inf") for case in computes}
+    cases = list(computes)
     for round_index in range(warmup + repeats):
-        for case, compute in computes.items():
+        shift = (round_index - warmup) % len(cases)
+        for case in cases[shift:] + cases[:shift]:
+            compute = computes[case]
             x.grad = None
             start = time.perf_counter()
             compute().backward()
@@ -210,8 +221,9 @@ def report_paired(args, numbers: list[int]) -> None:
     """``--paired``: per loss, one process calls floor, CrossBatchMemory, direct and PML's path in
     turn, ``--warmup`` + ``--repeats`` rounds; prints the best times and their ratios."""
     print(
-        "\nPaired (one process per loss, the four cases called in turn each round, best of "
-        f"{args.repeats} rounds after {args.warmup} warm-up round(s)):"
+        "\nPaired (one process per loss, the four cases called in turn each round, the order "
+        f"rotated by one case per round, best of {args.repeats} rounds after {args.warmup} "
+        "warm-up round(s)):"
     )
     print_header(["loss", "floor s", "CBM s", "ref s", "PML path s", "CBM / floor", "CBM / ref"])
     for name in LOSSES:

@@ -19,6 +19,7 @@ from _measure import (  # noqa: E402
     run_json,
     time_calls,
 )
+from bench_memory_bank import paired_times  # noqa: E402
 
 
 def run_script(name: str, *args: str) -> str:
@@ -154,6 +155,28 @@ def test_bench_memory_bank_toy_size_prints_every_case():
     # --paired: one row per loss, CrossBatchMemory against the floor and the direct call.
     assert [row[0] for row in paired] == ["loss", *losses]
     assert all(row[5].endswith("x") and row[6].endswith("x") for row in paired[1:])
+
+
+def test_paired_times_rotate_the_order_so_each_case_is_timed_in_each_position():
+    x = torch.zeros(2, requires_grad=True)
+    calls = []
+
+    def case(name):
+        def compute():
+            calls.append(name)
+            return x.sum()
+
+        return compute
+
+    names = ["floor", "rll", "rll_ref", "rll_pml"]
+    best = paired_times(x, {name: case(name) for name in names}, warmup=1, repeats=8)
+    assert sorted(best) == sorted(names) and all(t > 0 for t in best.values())
+    rounds = [calls[i : i + 4] for i in range(0, len(calls), 4)]
+    assert len(rounds) == 9 and sorted(rounds[0]) == sorted(names)  # one warm-up round
+    timed = rounds[1:]
+    assert timed[0] == names and timed[1] == ["rll", "rll_ref", "rll_pml", "floor"]
+    for position in range(4):  # every case twice in every position over the 8 timed rounds
+        assert sorted(r[position] for r in timed) == sorted(names * 2)
 
 
 def test_bench_memory_bank_cuda_runs_on_a_gpu_or_says_there_is_none():
