@@ -33,21 +33,103 @@ process-launching loop from 21.9x / 18.3x to 0.79x / 0.78x.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TypeVar
 
 import torch
 
 Result = TypeVar("Result")
 
+# The caller's torch thread count while one_torch_thread runs (per Python thread).
+_caller = threading.local()
+
 
 def chunk_workers(count: int, device: torch.device) -> int:
-    """How many threads :func:`map_chunks` uses for ``count`` chunks on ``device``: torch's
-    intra-op thread count on CPU (at most ``count``), else 1 (GPU kernels are asynchronous)."""
+    """How many threads :func:`map_chunks` uses for ``count`` chunks on ``device``: the caller's
+    torch intra-op thread count on CPU (inside :func:`one_torch_thread`: the count from before
+    it), at most ``count``; else 1 (GPU kernels are asynchronous)."""
     if device.type != "cpu":
         return 1
-    return max(1, min(count, torch.get_num_threads()))
+    threads = getattr(_caller, "threads", None) or torch.get_num_threads()
+    return max(1, min(count, threads))
+
+
+@contextmanager
+def one_torch_thread(device: torch.device) -> Iterator[None]:
+    """Runs the block with one torch intra-op thread (CPU; a no-op on other devices and when
+    already inside).
+
+    The glue around the chunk loops (normalization, the AP of the histograms, index and sum
+    operations on ``(N, d)`` or ``(N, L)`` tensors) is a few dozen small operations, each a
+    parallel region when it has more than 32K elements. With ``T`` threads and a core taken by
+    another process each region waits for the thread whose core is busy (about 15-30 ms each,
+    measured: ``normalize_rows`` of 4096 x 128 took 17-32 ms forward and 10-57 ms backward next
+    to a one-thread training process, 0.3-1.9 ms with one thread). On one thread they cost
+    microseconds more when the machine is idle. :func:`chunk_workers` inside still returns the
+    caller's count, so the chunks keep their threads. Restores the count on exit, also on error;
+    like :func:`map_chunks`, it sets torch's process-wide default while it runs.
+    """
+    if device.type != "cpu" or getattr(_caller, "threads", None) is not None:
+        yield
+        return
+    threads = torch.get_num_threads()
+    _caller.threads = threads
+    if threads != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        _caller.threads = None
+        if threads != 1:
+            torch.set_num_threads(threads)
+
+
+class _OneThread(torch.autograd.Function):
+    """``fn(*inputs)`` run under :func:`one_torch_thread`, forward and backward; the backward
+    recomputes ``fn`` with autograd (same operations, so the same gradient as calling ``fn``
+    directly) and differentiates it. For cheap glue only: ``fn`` runs twice. Under
+    ``create_graph=True`` the recomputation is on the original inputs, so the gradient is itself
+    differentiable (double backward as for the plain call)."""
+
+    @staticmethod
+    def forward(ctx, fn, *inputs):
+        ctx.fn = fn
+        ctx.save_for_backward(*inputs)
+        with one_torch_thread(inputs[0].device):
+            return fn(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inputs = ctx.saved_tensors
+        needs = ctx.needs_input_grad[1:]
+        device = inputs[0].device
+        create_graph = torch.is_grad_enabled()
+        with one_torch_thread(device), torch.enable_grad():
+            with torch.autocast(device.type, enabled=False):
+                if create_graph:
+                    leaves = list(inputs)
+                else:
+                    leaves = [x.detach().requires_grad_(need) for x, need in zip(inputs, needs)]
+                out = ctx.fn(*leaves)
+            wanted = [leaf for leaf, need in zip(leaves, needs) if need]
+            grads = iter(
+                torch.autograd.grad(out, wanted, grad, allow_unused=True, create_graph=create_graph)
+            )
+        return (None, *(next(grads) if need else None for need in needs))
+
+
+def one_thread_apply(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+    """``fn(*inputs)`` (one tensor out), forward and backward on one torch thread (see
+    :func:`one_torch_thread`): for the glue before and after a chunked kernel, whose backward
+    the autograd engine would otherwise run with the caller's thread count. ``fn`` must be
+    deterministic and cheap (the backward recomputes it); its constants go in a closure.
+    Without gradient it is a plain call."""
+    if not torch.is_grad_enabled() or not any(x.requires_grad for x in inputs):
+        with one_torch_thread(inputs[0].device):
+            return fn(*inputs)
+    return _OneThread.apply(fn, *inputs)
 
 
 def map_chunks(work: Callable[[int, int], Result], count: int, workers: int) -> list[Result]:

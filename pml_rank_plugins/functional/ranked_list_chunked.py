@@ -42,7 +42,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .chunk_threads import ExclusiveRows, chunk_workers, map_chunks
+from .chunk_threads import ExclusiveRows, chunk_workers, map_chunks, one_torch_thread
 from .chunking import DenseCategories, LabelCategories, rows_per_chunk
 from .ranked_list import (
     RankedListTerms,
@@ -146,6 +146,13 @@ class _ChunkedRankedList(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, queries, refs, categories, neg_source, params, chunk_rows):
+        with one_torch_thread(queries.device):
+            return _ChunkedRankedList._forward(
+                ctx, queries, refs, categories, neg_source, params, chunk_rows
+            )
+
+    @staticmethod
+    def _forward(ctx, queries, refs, categories, neg_source, params, chunk_rows):
         n, m = len(queries), len(refs)
         ref_sq = (refs * refs).sum(1).unsqueeze(0)
         z_pos, s_pos = queries.new_zeros(n), queries.new_zeros(n)
@@ -186,11 +193,17 @@ class _ChunkedRankedList(torch.autograd.Function):
         check_loss_finite(loss, params.alpha, params.lam)
         ctx.save_for_backward(queries, refs, inv_zp, inv_zn)
         ctx.setup = (categories, neg_source, params, chunk_rows, sparse, dense_starts)
+        ctx.device = queries.device
         ctx.mark_non_differentiable(pos_loss, neg_loss, num_pos, num_neg)
         return loss, pos_loss, neg_loss, num_pos, num_neg
 
     @staticmethod
     def backward(ctx, grad_loss, *_):
+        with one_torch_thread(ctx.device):
+            return _ChunkedRankedList._backward(ctx, grad_loss)
+
+    @staticmethod
+    def _backward(ctx, grad_loss):
         queries, refs, inv_zp, inv_zn = ctx.saved_tensors
         categories, neg_source, params, chunk_rows, sparse, dense_starts = ctx.setup
         n, m = len(queries), len(refs)
@@ -387,7 +400,8 @@ def chunked_ranked_list_mining(
     n, m = len(queries), len(refs)
     chunk_rows = rows_per_chunk(n, m, chunk_size)
     out = [[], [], [], [], []]
-    with torch.no_grad(), torch.autocast(queries.device.type, enabled=False):
+    device = queries.device
+    with torch.no_grad(), torch.autocast(device.type, enabled=False), one_torch_thread(device):
         ref_sq = (refs * refs).sum(1).unsqueeze(0)
         starts = range(0, n, chunk_rows)
         workers = chunk_workers(len(starts), queries.device)

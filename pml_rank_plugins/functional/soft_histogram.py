@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunk_threads import ExclusiveRows, chunk_workers, map_chunks
+from .chunk_threads import ExclusiveRows, chunk_workers, map_chunks, one_torch_thread
 from .chunking import (  # noqa: F401 (re-exported: the chunking helpers used to live here)
     CACHE_CHUNK_ELEMENTS,
     IGNORED,
@@ -91,6 +91,13 @@ class PairHistogram(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, queries, refs, categories, offset, scale, num_intervals, chunk_rows):
+        with one_torch_thread(queries.device):
+            return PairHistogram._forward(
+                ctx, queries, refs, categories, offset, scale, num_intervals, chunk_rows
+            )
+
+    @staticmethod
+    def _forward(ctx, queries, refs, categories, offset, scale, num_intervals, chunk_rows):
         n, m = len(queries), len(refs)
         width = num_intervals + 3
         # Ignored pairs land in a third segment that is dropped; one spare column for ``c + 1``.
@@ -150,6 +157,11 @@ class PairHistogram(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_hist):
+        with one_torch_thread(grad_hist.device):
+            return PairHistogram._backward(ctx, grad_hist)
+
+    @staticmethod
+    def _backward(ctx, grad_hist):
         queries, refs, codes = ctx.saved_tensors
         scale, num_intervals, chunk_rows = ctx.params
         n, m = len(queries), len(refs)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .chunk_threads import one_thread_apply
+
 
 def check_finite(tensor: torch.Tensor, name: str) -> None:
     """Raise ``ValueError`` naming ``name`` if ``tensor`` holds NaN or inf. O(numel)."""
@@ -97,8 +99,9 @@ def prepare_embeddings(
     queries = embeddings.to(dtype)
     refs = queries if is_self else ref_emb.to(dtype)
     if normalize:
-        queries = normalize_rows(queries)
-        refs = queries if is_self else normalize_rows(refs)
+        # On one torch thread, backward too (see chunk_threads.one_torch_thread).
+        queries = one_thread_apply(normalize_rows, queries)
+        refs = queries if is_self else one_thread_apply(normalize_rows, refs)
     return queries, refs, is_self
 
 

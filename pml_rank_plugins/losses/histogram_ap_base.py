@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 
+from ..functional.chunk_threads import one_thread_apply, one_torch_thread
 from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
 from ..functional.validation import (
     check_int,
@@ -76,6 +77,13 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
 
     # -- PML --------------------------------------------------------------------------------------
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
+        # The glue around the kernel on one torch thread (see chunk_threads.one_torch_thread).
+        with one_torch_thread(embeddings.device):
+            return self._compute_loss(
+                embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index
+            )
+
+    def _compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index):
         check_loss_labels(labels, ref_labels)
         # The distance is checked to be an L2-normalizing one; normalize here, overflow-safe.
         queries, refs, is_self = prepare_embeddings(embeddings, ref_emb, normalize=True)
@@ -106,14 +114,19 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
                 self_columns = self_index[rows]
             categories = LabelCategories(labels[rows], ref_labels, self_columns)
         offset, scale = self._bin_transform()
+        if self.num_skipped_queries:  # (no index when every query is valid: same values)
+            queries = one_thread_apply(lambda q: q[rows], queries)
         hist = pair_histograms(
-            queries[rows], refs, categories, offset, scale, self.num_intervals, self.chunk_size
+            queries, refs, categories, offset, scale, self.num_intervals, self.chunk_size
         )
-        ap = self._average_precision(hist[:, 0], hist[:, 1], num_pos[rows].to(dtype))
-        losses = 1 - ap
+        num_pos = num_pos[rows].to(dtype)
         weights = self._query_weights(labels[rows])
-        if weights is not None:
-            losses = losses * weights.to(dtype)
+
+        def list_losses(hist: torch.Tensor) -> torch.Tensor:
+            losses = 1 - self._average_precision(hist[:, 0], hist[:, 1], num_pos)
+            return losses if weights is None else losses * weights.to(dtype)
+
+        losses = one_thread_apply(list_losses, hist)
         return {"loss": {"losses": losses, "indices": rows, "reduction_type": "element"}}
 
     @staticmethod

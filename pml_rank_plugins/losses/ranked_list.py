@@ -7,6 +7,7 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
+from ..functional.chunk_threads import one_torch_thread
 from ..functional.ranked_list import (
     check_rll_params,
     default_alpha,
@@ -164,7 +165,9 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         check_loss_labels(labels, ref_labels)
         # Under torch.autocast the distance product would run in bfloat16/float16 (and its
         # backward mix dtypes): everything here is computed in float32 or better instead.
-        with torch.autocast(embeddings.device.type, enabled=False):
+        # The glue around the kernel on one torch thread too (chunk_threads.one_torch_thread).
+        device = embeddings.device
+        with torch.autocast(device.type, enabled=False), one_torch_thread(device):
             return self._compute_loss(
                 embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index
             )

@@ -7,6 +7,7 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.miners import BaseMiner
 from pytorch_metric_learning.utils import common_functions as c_f
 
+from ..functional.chunk_threads import one_torch_thread
 from ..functional.ranked_list import (
     check_rll_params,
     default_alpha,
@@ -140,7 +141,9 @@ class RankedListMiner(BaseMiner):
         if self_index is not None:
             self_index = check_self_index(self_index, labels, ref_labels)
         # Under torch.autocast the distance product would run in low precision: mine in float32.
-        with torch.autocast(embeddings.device.type, enabled=False):
+        # On one torch thread around the chunks (see chunk_threads.one_torch_thread).
+        device = embeddings.device
+        with torch.autocast(device.type, enabled=False), one_torch_thread(device):
             return self._mine(embeddings, labels, ref_emb, ref_labels, self_index)
 
     def _mine(self, embeddings, labels, ref_emb, ref_labels, self_index=None) -> WeightedPairs:

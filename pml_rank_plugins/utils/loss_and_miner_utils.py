@@ -27,6 +27,7 @@ from pytorch_metric_learning.distances import BaseDistance, LpDistance
 from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
+from ..functional.chunk_threads import one_thread_apply
 from ..functional.chunking import LabelCategories
 from ..functional.euclidean import euclidean_distances
 from ..functional.soft_histogram import pair_categories
@@ -203,9 +204,15 @@ def euclidean_embeddings(
     distance.reset_stats()
     gallery = ref_emb if gallery_gradient else ref_emb.detach()
     distance.check_shapes(embeddings, gallery)
+
     # The package's shared normalization (F.normalize's values, no overflow for huge rows, zero
     # gradient for zero rows).
-    normalize = normalize_rows if distance.normalize_embeddings else (lambda rows: rows)
+    # On one torch thread, backward too (see chunk_threads.one_torch_thread).
+    def normalize(rows: torch.Tensor) -> torch.Tensor:
+        if not distance.normalize_embeddings:
+            return rows
+        return one_thread_apply(normalize_rows, rows)
+
     queries = normalize(embeddings)
     if is_self:
         refs = queries if gallery_gradient else queries.detach()
