@@ -53,6 +53,22 @@ Result = TypeVar("Result")
 # The caller's torch thread count while one_torch_thread runs (per Python thread).
 _caller = threading.local()
 
+#: Glue whose largest tensor has more elements than this keeps the caller's threads: one
+#: elementwise pass over 4M float32 elements takes a few ms on one thread, so beyond this the
+#: threads' speed-up on an idle machine outweighs a barrier's wait on a busy one (e.g. the
+#: normalization of a 65,536 x 128 memory bank, or (N, M) pair masks from an indices_tuple).
+GLUE_MAX_ELEMENTS = 1 << 22
+
+
+def glue_elements(queries: torch.Tensor, refs: torch.Tensor, dense_pairs: bool = False) -> int:
+    """Size of the largest tensor the glue around a kernel of ``queries`` ``(N, d)`` against
+    ``refs`` ``(M, d)`` touches: ``max(N, M) d``, or ``N M`` when the pairs are dense ``(N, M)``
+    masks (an ``indices_tuple``)."""
+    # Any shape: malformed inputs are reported by the checks inside the block.
+    n, m = (x.shape[0] if x.ndim else 1 for x in (queries, refs))
+    width = queries.shape[1] if queries.ndim > 1 else 1
+    return max(max(n, m) * width, n * m if dense_pairs else 0)
+
 
 def chunk_workers(count: int, device: torch.device) -> int:
     """How many threads :func:`map_chunks` uses for ``count`` chunks on ``device``: the caller's
@@ -65,9 +81,10 @@ def chunk_workers(count: int, device: torch.device) -> int:
 
 
 @contextmanager
-def one_torch_thread(device: torch.device) -> Iterator[None]:
-    """Runs the block with one torch intra-op thread (CPU; a no-op on other devices and when
-    already inside).
+def one_torch_thread(device: torch.device, elements: int) -> Iterator[None]:
+    """Runs the block with one torch intra-op thread (CPU; a no-op on other devices, when
+    already inside, and when ``elements``, the size of the block's largest tensor (see
+    :func:`glue_elements`), exceeds :data:`GLUE_MAX_ELEMENTS`).
 
     The glue around the chunk loops (normalization, the AP of the histograms, index and sum
     operations on ``(N, d)`` or ``(N, L)`` tensors) is a few dozen small operations, each a
@@ -79,7 +96,8 @@ def one_torch_thread(device: torch.device) -> Iterator[None]:
     caller's count, so the chunks keep their threads. Restores the count on exit, also on error;
     like :func:`map_chunks`, it sets torch's process-wide default while it runs.
     """
-    if device.type != "cpu" or getattr(_caller, "threads", None) is not None:
+    inside = getattr(_caller, "threads", None) is not None
+    if device.type != "cpu" or inside or elements > GLUE_MAX_ELEMENTS:
         yield
         return
     threads = torch.get_num_threads()
@@ -105,7 +123,7 @@ class _OneThread(torch.autograd.Function):
     def forward(ctx, fn, *inputs):
         ctx.fn = fn
         ctx.save_for_backward(*inputs)
-        with one_torch_thread(inputs[0].device):
+        with one_torch_thread(inputs[0].device, 0):
             return fn(*inputs)
 
     @staticmethod
@@ -114,7 +132,7 @@ class _OneThread(torch.autograd.Function):
         needs = ctx.needs_input_grad[1:]
         device = inputs[0].device
         create_graph = torch.is_grad_enabled()
-        with one_torch_thread(device), torch.enable_grad():
+        with one_torch_thread(device, 0), torch.enable_grad():
             with torch.autocast(device.type, enabled=False):
                 if create_graph:
                     leaves = list(inputs)
@@ -133,16 +151,17 @@ def one_thread_apply(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> 
     :func:`one_torch_thread`): for the glue before and after a chunked kernel, whose backward
     the autograd engine would otherwise run with the caller's thread count. ``fn`` must be
     deterministic and cheap (the backward recomputes it); its constants go in a closure.
-    Without gradient, and on devices other than the CPU, it is a plain call.
+    Without gradient it runs on one thread, no recomputation; on devices other than the CPU
+    and for inputs over :data:`GLUE_MAX_ELEMENTS` it is a plain call.
 
     Cost: ``fn`` twice (forward, and again in the backward), and the backward holds the
     recomputation's intermediates (a few tensors of ``fn``'s input size) while it runs. The
     first such backward in a process adds about 35 MiB of resident memory once (measured: the
     first ``torch.autograd.grad`` called inside a backward, PyTorch 2.14, CPU), not per call."""
-    if inputs[0].device.type != "cpu":
+    if inputs[0].device.type != "cpu" or max(x.numel() for x in inputs) > GLUE_MAX_ELEMENTS:
         return fn(*inputs)
     if not torch.is_grad_enabled() or not any(x.requires_grad for x in inputs):
-        with one_torch_thread(inputs[0].device):
+        with one_torch_thread(inputs[0].device, 0):
             return fn(*inputs)
     return _OneThread.apply(fn, *inputs)
 

@@ -42,7 +42,13 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .chunk_threads import ExclusiveRows, chunk_workers, map_chunks, one_torch_thread
+from .chunk_threads import (
+    ExclusiveRows,
+    chunk_workers,
+    glue_elements,
+    map_chunks,
+    one_torch_thread,
+)
 from .chunking import DenseCategories, LabelCategories, rows_per_chunk
 from .ranked_list import (
     RankedListTerms,
@@ -146,7 +152,7 @@ class _ChunkedRankedList(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, queries, refs, categories, neg_source, params, chunk_rows):
-        with one_torch_thread(queries.device):
+        with one_torch_thread(queries.device, glue_elements(queries, refs)):
             return _ChunkedRankedList._forward(
                 ctx, queries, refs, categories, neg_source, params, chunk_rows
             )
@@ -193,13 +199,13 @@ class _ChunkedRankedList(torch.autograd.Function):
         check_loss_finite(loss, params.alpha, params.lam)
         ctx.save_for_backward(queries, refs, inv_zp, inv_zn)
         ctx.setup = (categories, neg_source, params, chunk_rows, sparse, dense_starts)
-        ctx.device = queries.device
+        ctx.device, ctx.glue_elements = queries.device, glue_elements(queries, refs)
         ctx.mark_non_differentiable(pos_loss, neg_loss, num_pos, num_neg)
         return loss, pos_loss, neg_loss, num_pos, num_neg
 
     @staticmethod
     def backward(ctx, grad_loss, *_):
-        with one_torch_thread(ctx.device):
+        with one_torch_thread(ctx.device, ctx.glue_elements):
             return _ChunkedRankedList._backward(ctx, grad_loss)
 
     @staticmethod
@@ -401,7 +407,12 @@ def chunked_ranked_list_mining(
     chunk_rows = rows_per_chunk(n, m, chunk_size)
     out = [[], [], [], [], []]
     device = queries.device
-    with torch.no_grad(), torch.autocast(device.type, enabled=False), one_torch_thread(device):
+    glue = glue_elements(queries, refs)
+    with (
+        torch.no_grad(),
+        torch.autocast(device.type, enabled=False),
+        one_torch_thread(device, glue),
+    ):
         ref_sq = (refs * refs).sum(1).unsqueeze(0)
         starts = range(0, n, chunk_rows)
         workers = chunk_workers(len(starts), queries.device)

@@ -42,7 +42,13 @@ from __future__ import annotations
 
 import torch
 
-from .chunk_threads import ExclusiveRows, chunk_workers, map_chunks, one_torch_thread
+from .chunk_threads import (
+    ExclusiveRows,
+    chunk_workers,
+    glue_elements,
+    map_chunks,
+    one_torch_thread,
+)
 from .chunking import (  # noqa: F401 (re-exported: the chunking helpers used to live here)
     CACHE_CHUNK_ELEMENTS,
     IGNORED,
@@ -91,7 +97,7 @@ class PairHistogram(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, queries, refs, categories, offset, scale, num_intervals, chunk_rows):
-        with one_torch_thread(queries.device):
+        with one_torch_thread(queries.device, glue_elements(queries, refs)):
             return PairHistogram._forward(
                 ctx, queries, refs, categories, offset, scale, num_intervals, chunk_rows
             )
@@ -157,7 +163,8 @@ class PairHistogram(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_hist):
-        with one_torch_thread(grad_hist.device):
+        queries, refs, _ = ctx.saved_tensors
+        with one_torch_thread(grad_hist.device, glue_elements(queries, refs)):
             return PairHistogram._backward(ctx, grad_hist)
 
     @staticmethod

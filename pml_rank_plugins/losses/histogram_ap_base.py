@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 
-from ..functional.chunk_threads import one_thread_apply, one_torch_thread
+from ..functional.chunk_threads import glue_elements, one_thread_apply, one_torch_thread
 from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
 from ..functional.validation import (
     check_int,
@@ -78,7 +78,8 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     # -- PML --------------------------------------------------------------------------------------
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
         # The glue around the kernel on one torch thread (see chunk_threads.one_torch_thread).
-        with one_torch_thread(embeddings.device):
+        glue = glue_elements(embeddings, ref_emb, dense_pairs=indices_tuple is not None)
+        with one_torch_thread(embeddings.device, glue):
             return self._compute_loss(
                 embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index
             )

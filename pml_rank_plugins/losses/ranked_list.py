@@ -7,7 +7,7 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
-from ..functional.chunk_threads import one_torch_thread
+from ..functional.chunk_threads import glue_elements, one_torch_thread
 from ..functional.ranked_list import (
     check_rll_params,
     default_alpha,
@@ -167,7 +167,8 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         # backward mix dtypes): everything here is computed in float32 or better instead.
         # The glue around the kernel on one torch thread too (chunk_threads.one_torch_thread).
         device = embeddings.device
-        with torch.autocast(device.type, enabled=False), one_torch_thread(device):
+        glue = glue_elements(embeddings, ref_emb, dense_pairs=indices_tuple is not None)
+        with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):
             return self._compute_loss(
                 embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index
             )

@@ -7,7 +7,7 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.miners import BaseMiner
 from pytorch_metric_learning.utils import common_functions as c_f
 
-from ..functional.chunk_threads import one_torch_thread
+from ..functional.chunk_threads import glue_elements, one_torch_thread
 from ..functional.ranked_list import (
     check_rll_params,
     default_alpha,
@@ -142,8 +142,8 @@ class RankedListMiner(BaseMiner):
             self_index = check_self_index(self_index, labels, ref_labels)
         # Under torch.autocast the distance product would run in low precision: mine in float32.
         # On one torch thread around the chunks (see chunk_threads.one_torch_thread).
-        device = embeddings.device
-        with torch.autocast(device.type, enabled=False), one_torch_thread(device):
+        device, glue = embeddings.device, glue_elements(embeddings, ref_emb)
+        with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):
             return self._mine(embeddings, labels, ref_emb, ref_labels, self_index)
 
     def _mine(self, embeddings, labels, ref_emb, ref_labels, self_index=None) -> WeightedPairs:

@@ -10,7 +10,9 @@ from pytorch_metric_learning.distances import LpDistance
 
 from pml_rank_plugins.functional import chunk_threads, soft_histogram, validation
 from pml_rank_plugins.functional.chunk_threads import (
+    GLUE_MAX_ELEMENTS,
     chunk_workers,
+    glue_elements,
     one_thread_apply,
     one_torch_thread,
 )
@@ -30,10 +32,10 @@ def two_threads():
 
 
 def test_one_thread_inside_the_callers_count_for_the_chunks_restored_after(two_threads):
-    with one_torch_thread(CPU):
+    with one_torch_thread(CPU, 0):
         assert torch.get_num_threads() == 1
         assert chunk_workers(8, CPU) == 2
-        with one_torch_thread(CPU):  # nested: no change
+        with one_torch_thread(CPU, 0):  # nested: no change
             assert torch.get_num_threads() == 1 and chunk_workers(8, CPU) == 2
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == 2 and chunk_workers(8, CPU) == 2
@@ -41,12 +43,28 @@ def test_one_thread_inside_the_callers_count_for_the_chunks_restored_after(two_t
 
 def test_restored_after_an_error_and_untouched_on_other_devices(two_threads):
     with pytest.raises(RuntimeError, match="boom"):
-        with one_torch_thread(CPU):
+        with one_torch_thread(CPU, 0):
             raise RuntimeError("boom")
     assert torch.get_num_threads() == 2
     assert getattr(chunk_threads._caller, "threads", None) is None
-    with one_torch_thread(torch.device("cuda")):  # a device object only: nothing runs on it
+    with one_torch_thread(torch.device("cuda"), 0):  # a device object only: nothing runs on it
         assert torch.get_num_threads() == 2
+
+
+def test_large_glue_keeps_the_callers_threads(two_threads):
+    with one_torch_thread(CPU, GLUE_MAX_ELEMENTS):
+        assert torch.get_num_threads() == 1
+    with one_torch_thread(CPU, GLUE_MAX_ELEMENTS + 1):
+        assert torch.get_num_threads() == 2
+    queries, memory = torch.zeros(256, 128), torch.zeros(65536, 128)
+    assert glue_elements(queries, memory) == 65536 * 128 > GLUE_MAX_ELEMENTS
+    assert glue_elements(queries, queries) == 256 * 128
+    assert glue_elements(queries, queries[:100], dense_pairs=True) == 256 * 128
+    assert glue_elements(queries, torch.zeros(1000, 128), dense_pairs=True) == 256 * 1000
+    seen = []
+    big = torch.randn(GLUE_MAX_ELEMENTS // 4 + 1, 4, requires_grad=True)
+    out = one_thread_apply(_recorded(normalize_rows, seen), big)
+    assert seen == [2] and out.grad_fn is not None  # a plain call on the caller's threads
 
 
 def _recorded(fn, seen):
