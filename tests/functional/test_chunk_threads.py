@@ -16,14 +16,6 @@ from pml_rank_plugins.functional.ranked_list_chunked import (
 from pml_rank_plugins.functional.soft_histogram import pair_histograms
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def in_one_thread(fn):
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -23,14 +23,6 @@ from pml_rank_plugins.utils import loss_and_miner_utils
 CPU = torch.device("cpu")
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_one_thread_inside_the_callers_count_for_the_chunks_restored_after(two_threads):
     with one_torch_thread(CPU, 0):
         assert torch.get_num_threads() == 1
