@@ -13,13 +13,13 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from pml_rank_plugins.experiment import builder, registry
 from pml_rank_plugins.experiment.schema import deep_merge
 from pml_rank_plugins.running import distributed, runner
 from pml_rank_plugins.running.checkpoints import load_checkpoint
 from tests.ports import free_port
+from tests.spawn import spawn_two, torn_down
 from tests.tiny import TinyNet, tiny_config
 
 
@@ -91,12 +91,13 @@ def _worker(rank: int, port: int, root: str) -> None:
         runner.train(None, f"{root}/resumed", resume=True)
     finally:
         distributed.shutdown()
+    torn_down(f"{root}/spawn", rank)
 
 
 @pytest.fixture(scope="module")
 def two_process_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(free_port(), str(root)), nprocs=2, join=True)
+    spawn_two(_worker, (free_port(), str(root)), f"{root}/spawn")
     return root
 
 

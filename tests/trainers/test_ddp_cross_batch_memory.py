@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from pytorch_metric_learning.losses import ContrastiveLoss
 
 from pml_rank_plugins.losses import CrossBatchMemory, FastAPLoss
 from pml_rank_plugins.trainers import DistributedMetricLossOnly, wrap_ddp
 from tests.ports import free_port
+from tests.spawn import spawn_two, torn_down
 
 STEPS, BATCH, MEMORY = 5, 10, 24  # the queue wraps around (50 items through 24 slots)
 
@@ -54,12 +54,13 @@ def _worker(rank: int, port: int, out: str) -> None:
         torch.save({name: _train(name) for name in ("contrastive", "fastap")}, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
+    torn_down(out, rank)
 
 
 @pytest.mark.slow  # two spawned processes (about 10 s of CPU)
 def test_memory_identical_on_both_ranks_and_equal_to_one_process(tmp_path):
     out = str(tmp_path / "memory")
-    mp.spawn(_worker, args=(free_port(), out), nprocs=2, join=True)
+    spawn_two(_worker, (free_port(), out), out)
     ranks = [torch.load(f"{out}.{r}") for r in range(2)]
     for name in ("contrastive", "fastap"):
         r0, r1 = ranks[0][name], ranks[1][name]

@@ -1,16 +1,16 @@
 """Two gloo processes on loopback: chunked DDP gradients equal the single-process global batch."""
 
 import importlib
-import socket
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from pytorch_metric_learning.losses import ProxyAnchorLoss
 
 from pml_rank_plugins.losses import FastAPLoss
 from pml_rank_plugins.trainers import _dist, chunked_backward, distributed
 from pml_rank_plugins.trainers.distributed import is_initialized, rank, world_size
+from tests.ports import free_port
+from tests.spawn import spawn_two, torn_down
 
 SHARDS = [slice(0, 14), slice(14, 26)]  # uneven on purpose
 
@@ -45,17 +45,12 @@ def worker(process, port, out_path):
         torch.save((world_size(), rank(), is_initialized()), f"{out_path}.{process}.dist")
     finally:
         dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    torn_down(out_path, process)
 
 
 def test_two_rank_gloo_gradients_equal_single_process(tmp_path):
     out = str(tmp_path / "grads")
-    mp.spawn(worker, args=(free_port(), out), nprocs=2, join=True)
+    spawn_two(worker, (free_port(), out), out)
     x, y, model, proxies = make_problem()
     loss = combined_loss(proxies)(model(x), y, None)
     loss.backward()
