@@ -199,13 +199,13 @@ class _ChunkedRankedList(torch.autograd.Function):
         check_loss_finite(loss, params.alpha, params.lam)
         ctx.save_for_backward(queries, refs, inv_zp, inv_zn)
         ctx.setup = (categories, neg_source, params, chunk_rows, sparse, dense_starts)
-        ctx.device, ctx.glue_elements = queries.device, glue_elements(queries, refs)
         ctx.mark_non_differentiable(pos_loss, neg_loss, num_pos, num_neg)
         return loss, pos_loss, neg_loss, num_pos, num_neg
 
     @staticmethod
     def backward(ctx, grad_loss, *_):
-        with one_torch_thread(ctx.device, ctx.glue_elements):
+        queries, refs, _, _ = ctx.saved_tensors
+        with one_torch_thread(queries.device, glue_elements(queries, refs)):
             return _ChunkedRankedList._backward(ctx, grad_loss)
 
     @staticmethod

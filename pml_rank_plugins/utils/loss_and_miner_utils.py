@@ -21,6 +21,7 @@ lives in :mod:`pml_rank_plugins.functional`.
 from __future__ import annotations
 
 import inspect
+from functools import partial
 
 import torch
 from pytorch_metric_learning.distances import BaseDistance, LpDistance
@@ -204,15 +205,13 @@ def euclidean_embeddings(
     distance.reset_stats()
     gallery = ref_emb if gallery_gradient else ref_emb.detach()
     distance.check_shapes(embeddings, gallery)
-
     # The package's shared normalization (F.normalize's values, no overflow for huge rows, zero
-    # gradient for zero rows).
-    # On one torch thread, backward too (see chunk_threads.one_torch_thread).
-    def normalize(rows: torch.Tensor) -> torch.Tensor:
-        if not distance.normalize_embeddings:
-            return rows
-        return one_thread_apply(normalize_rows, rows)
-
+    # gradient for zero rows), on one torch thread, backward too (chunk_threads.one_thread_apply).
+    normalize = (
+        partial(one_thread_apply, normalize_rows)
+        if distance.normalize_embeddings
+        else (lambda rows: rows)
+    )
     queries = normalize(embeddings)
     if is_self:
         refs = queries if gallery_gradient else queries.detach()
