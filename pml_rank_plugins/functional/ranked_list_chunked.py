@@ -356,7 +356,8 @@ def chunked_ranked_list_terms(
         differentiable w.r.t. ``queries`` and ``refs``.
 
     Time O(N M d) (three ``N x M x d`` products, four with reference gradient) + O(N M)
-    elementwise; memory O(threads x chunk x M) + O((N + M) d) beyond the inputs (see the module docstring).
+    elementwise; memory O(threads x chunk x M) + O((N + M) d) beyond the inputs (see the module
+    docstring).
     """
     check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
     if queries.ndim != 2 or refs.ndim != 2 or queries.shape[1] != refs.shape[1]:

@@ -24,8 +24,9 @@ class FastAPLoss(HistogramAPLoss):
     ("CrossBatchMemory not supported for FastAPLoss").
 
     Cost: O(N M d + N M) time, O(threads * chunk * M) floats (one chunk buffer per CPU thread)
-    + N M bytes of working memory, independent of ``num_bins``, plus the ``(N, 2, num_bins + 1)`` histograms (PML's ``FastAPLoss``:
-    O(num_bins N^2) memory). See :class:`HistogramAPLoss` for the PML contract.
+    + N M bytes of working memory, independent of ``num_bins``, plus the
+    ``(N, 2, num_bins + 1)`` histograms (PML's ``FastAPLoss``: O(num_bins N^2) memory). See
+    :class:`HistogramAPLoss` for the PML contract.
 
     Args:
         num_bins: number of bin spacings ``L`` (1 to ``MAX_NUM_BINS`` = 4096); the default 10 is the
