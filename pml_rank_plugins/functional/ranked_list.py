@@ -19,6 +19,27 @@ Per query ``i`` (notation of the paper, ``d = dist[i, j]``):
   left to the caller (a PML reducer). ``lam_pos`` (default 1) weights ``L_P`` too, so PML's
   parametrization ``(1 - imbalance) L_P + imbalance L_N`` is ``lam_pos = 1 - b, lam = b``.
 
+Query weighting (``query_weighting``): ``"mean"`` (default) is the paper's eq. 14, every query
+weighted ``1 / N``. ``"weight_share"`` is what the authors' released Caffe layer does instead
+(``DistanceWeightedValidPairLossV12``, file
+``CaffeMex_RLL_GR_V03_Simp/src/caffe/layers/distance_weighted_valid_pair_loss_V12_layer.cpp`` of
+github.com/XinshaoAmosWang/Ranked-List-Loss-for-DML; the layer every released ``train.prototxt``
+uses): query ``i`` is weighted ``c_i = 0.5 W_i / sum_k W_k``, where
+``W_i = sum_{j in P*_i} exp(Tp (d_ij - (alpha - m))) + sum_{j in N*_i} exp(Tn (alpha - d_ij))``
+is the sum of query ``i``'s *unnormalized* pair weights (eq. 9 and its positive twin) over its
+mined positives ``P*_i`` and negatives ``N*_i``, so the batch loss is ``sum_i c_i L_i``: queries
+with many or hard violating pairs dominate, and the weights sum to 0.5 rather than 1. Within a
+query the Caffe layer is eqs. 8-12 (each sign normalized by its own weight sum, both signs
+added with weight 1). The ``0.5`` comes from its loop over unordered pairs ``(a, b)``, whose
+gradient reaches both ends, each end scaled by ``0.5 w_ab / S_end`` (``S`` the end's weight sum of
+that sign) times ``(S+_end + S-_end) / W``, ``W = sum_i (S+_i + S-_i)``; its ``1e-8`` added to each
+sum (against division by zero) is left out here (a query without mined pairs has ``c_i = 0`` and
+``L_i = 0``). So that a mean over queries still gives the batch loss, the per-query loss returned
+under ``"weight_share"`` is ``N c_i L_i``. ``c_i`` is a constant (no gradient), like the pair
+weights, as in the Caffe layer; it is computed from the log-weights in float64 (a softmax over
+queries), so it never overflows for the temperatures the kernels accept unless ``Tn (alpha - d)``
+itself exceeds float64's range (then ``ValueError``).
+
 The weights are constants: they are computed without gradient, as in the authors' implementation,
 so the gradient of ``L`` flows through the distances of the mined pairs only. On the mined pairs the
 hinges are active, so ``dL/dd = w+`` for a mined positive and ``-lam w-`` for a mined negative:
@@ -44,7 +65,8 @@ class RankedListTerms(NamedTuple):
 
     ``loss`` (eq. 13) is differentiable with respect to ``dist``; ``pos_loss`` (eq. 11) and
     ``neg_loss`` (eq. 12) are detached copies of its two parts
-    (``loss = lam_pos pos_loss + lam neg_loss``);
+    (``loss = lam_pos pos_loss + lam neg_loss``, times ``N c_i`` under
+    ``query_weighting="weight_share"``);
     ``num_pos`` / ``num_neg`` count the mined (non-trivial) positives / negatives (int64).
     """
 
@@ -81,6 +103,68 @@ def check_rll_params(
     for name in ("Tn", "Tp", "lam", "lam_pos"):
         if values[name] < 0:
             raise ValueError(f"{name} must be >= 0, got {values[name]}")
+
+
+QUERY_WEIGHTINGS = ("mean", "weight_share")
+
+
+def check_query_weighting(query_weighting) -> str:
+    """``query_weighting`` if it is one of :data:`QUERY_WEIGHTINGS`, else ``ValueError`` naming
+    the argument and the choices."""
+    if not isinstance(query_weighting, str) or query_weighting not in QUERY_WEIGHTINGS:
+        choices = ", ".join(repr(c) for c in QUERY_WEIGHTINGS)
+        raise ValueError(
+            f"query_weighting must be one of {choices} ('mean': the paper's eq. 14; "
+            f"'weight_share': the authors' Caffe layer), got {query_weighting!r}"
+        )
+    return query_weighting
+
+
+def log_weight_sums(
+    dist: torch.Tensor,
+    pos: torch.Tensor,
+    neg: torch.Tensor,
+    alpha: float,
+    margin: float,
+    Tn: float,
+    Tp: float,
+) -> torch.Tensor:
+    """``log W_i`` in float64, ``W_i`` the sum of query ``i``'s unnormalized pair weights.
+
+    ``W_i = sum_{pos} exp(Tp (d - (alpha - m))) + sum_{neg} exp(Tn (alpha - d))`` over the mined
+    pairs ``pos`` / ``neg`` (``(N, M)`` bools); ``-inf`` for a row with nothing mined. Formed as a
+    log-sum-exp of ``T v`` (``v > 0`` on every mined pair, so each mined row is ``>= 0``), so no
+    ``exp`` overflows; ``+inf`` only where ``T v`` itself exceeds float64's range. No gradient;
+    a few ``(N, M)`` float64 passes.
+    """
+    with torch.no_grad():
+        d = dist.detach().double()
+        x = torch.full_like(d, float("-inf"))
+        x = torch.where(pos, (d - (alpha - margin)).mul_(Tp), x)
+        x = torch.where(neg, (alpha - d).mul_(Tn), x)
+        return torch.logsumexp(x, dim=1)
+
+
+def query_scales(log_w: torch.Tensor, Tn: float, Tp: float) -> torch.Tensor:
+    """``N c_i = N 0.5 W_i / sum_k W_k`` (float64, ``(N,)``) from ``log W_i``
+    (:func:`log_weight_sums`): the factor turning each query's ``L_i`` into its
+    ``"weight_share"`` loss, so that the mean over the ``N`` queries is ``sum_i c_i L_i``.
+
+    A softmax over the queries (largest ``log W`` subtracted): exact for any finite log-weights;
+    all zero when nothing is mined anywhere. ``ValueError`` naming ``Tn`` / ``Tp`` when a log-weight
+    overflowed float64. O(N).
+    """
+    if bool((log_w == float("inf")).any()):
+        raise ValueError(
+            f"query_weighting='weight_share': the pair log-weights Tn (alpha - d) / Tp (d - "
+            f"(alpha - margin)) overflow float64 with Tn={Tn:g}, Tp={Tp:g}; use smaller "
+            "temperatures or query_weighting='mean'"
+        )
+    n = len(log_w)
+    if n == 0 or not bool(torch.isfinite(log_w).any()):
+        return torch.zeros_like(log_w)
+    share = torch.exp(log_w - log_w.max())
+    return share.mul_(0.5 * n / share.sum())
 
 
 def _real(value, name: str) -> float:
@@ -254,8 +338,8 @@ class _LinearInDistance(torch.autograd.Function):
     """Returns precomputed per-query ``value``; backward: ``d value_i / d dist_ij = coef_ij``.
 
     Exact for RLL with constant weights: on the mined pairs every hinge is active, so each
-    query's loss is linear in its distances with coefficient ``lam_pos w+`` (positives) or ``-lam w-``
-    (negatives), and 0 elsewhere. Saves one ``(N, M)`` matrix; backward is one pass.
+    query's loss is linear in its distances with coefficient ``lam_pos w+`` (positives) or
+    ``-lam w-`` (negatives), and 0 elsewhere. Saves one ``(N, M)`` matrix; backward is one pass.
     """
 
     @staticmethod
@@ -281,6 +365,7 @@ def ranked_list_terms(
     neg_weights: Optional[torch.Tensor] = None,
     pos_weights: Optional[torch.Tensor] = None,
     lam_pos: float = 1.0,
+    query_weighting: str = "mean",
 ) -> RankedListTerms:
     """Per-query Ranked List Loss ``L_i = lam_pos L_P,i + lam L_N,i`` (eqs. 8-13) from distances.
 
@@ -299,14 +384,21 @@ def ranked_list_terms(
             from them). Treated as constants.
         lam_pos: weight of ``L_P`` (default 1, eq. 13); PML's ``imbalance=b`` is
             ``lam_pos=1 - b, lam=b``.
+        query_weighting: ``"mean"`` (default; eq. 14): ``loss_i = L_i``, the batch loss is
+            their mean. ``"weight_share"`` (the authors' Caffe layer, see the module
+            docstring): ``loss_i = N c_i L_i`` with ``c_i = 0.5 W_i / sum_k W_k``, so the mean
+            of ``loss`` is ``sum_i c_i L_i``. ``W_i`` always uses ``Tn`` / ``Tp`` over the mined
+            pairs, also when ``neg_weights`` / ``pos_weights`` replace the within-query weights.
 
     Returns:
-        :class:`RankedListTerms`. Queries with nothing mined have zero loss (and zero gradient).
+        :class:`RankedListTerms` (``pos_loss`` / ``neg_loss`` are ``L_P`` / ``L_N`` unscaled by
+        the query weighting). Queries with nothing mined have zero loss (and zero gradient).
 
     O(N M) time and memory: about 15 element-wise passes over ``(N, M)`` in the forward, one in
     the backward, which needs one saved ``(N, M)`` coefficient matrix.
     """
     check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
+    check_query_weighting(query_weighting)
     if dist.ndim != 2 or pos_mask.shape != dist.shape or neg_mask.shape != dist.shape:
         raise ValueError(
             f"dist, pos_mask and neg_mask must share one (N, M) shape, got {tuple(dist.shape)}, "
@@ -346,6 +438,13 @@ def ranked_list_terms(
         # dL_i/dd_ij: lam_pos w+ on mined positives, -lam w- on mined negatives (weights held
         # constant).
         coef = en.mul_((-lam * inv_zn).unsqueeze(1)).addcmul_(ep, (lam_pos * inv_zp).unsqueeze(1))
+        if query_weighting == "weight_share":
+            # Each query's loss and gradient times its constant N c_i (the Caffe layer's weight).
+            scale = query_scales(log_weight_sums(d, pos, neg, alpha, margin, Tn, Tp), Tn, Tp)
+            scale = scale.to(d.dtype)
+            value = value * scale
+            check_loss_finite(value, alpha, lam)
+            coef.mul_(scale.unsqueeze(1))
     loss = _LinearInDistance.apply(dist, coef, value) if dist.requires_grad else value
     return RankedListTerms(
         loss, pos_loss, neg_loss, _count(pos, zp, Tp, pos_weights), _count(neg, zn, Tn, neg_weights)

@@ -16,7 +16,12 @@ buffers allocated once and reused:
    ``exp(Tn (min - d))`` over the mined negatives (or a miner's ``.weights``, scattered into the
    chunk from their sparse list), so no exponent is positive;
 4. per-query sums: ``Z+ = sum w+``, ``S+ = sum w+ d`` (and ``Z-``, ``S-``), giving
-   ``L_P = S+/Z+ - (alpha - m)``, ``L_N = alpha - S-/Z-``, ``L = lam_pos L_P + lam L_N``.
+   ``L_P = S+/Z+ - (alpha - m)``, ``L_N = alpha - S-/Z-``, ``L = lam_pos L_P + lam L_N``;
+5. with ``query_weighting="weight_share"`` (the authors' Caffe layer, see
+   :mod:`~pml_rank_plugins.functional.ranked_list`), also ``log W_i``, the log of query ``i``'s
+   unnormalized pair-weight sum (one more float64 pass over the chunk); after all chunks each
+   ``L_i`` is multiplied by the constant ``N c_i = N 0.5 W_i / sum_k W_k`` (outside the
+   autograd function, so the backward below is unchanged and autograd scales ``g_i``).
 
 Backward recomputes steps 1-3 per chunk (bit-identical to the forward) and forms
 ``c_ij = g_i (lam_pos w+_ij / Z+_i - lam w-_ij / Z-_i) / d_ij`` (0 at ``d = 0``, the ``cdist``
@@ -54,7 +59,10 @@ from .ranked_list import (
     RankedListTerms,
     check_loss_finite,
     check_loss_range,
+    check_query_weighting,
     check_rll_params,
+    log_weight_sums,
+    query_scales,
     scaled_exp_,
 )
 from .ranked_list_sparse import SparseWeights, inverse_or_zero, segment_exp, segment_sum
@@ -69,6 +77,7 @@ class _Params(NamedTuple):
     Tp: float
     lam: float
     lam_pos: float = 1.0
+    share: bool = False  # query_weighting == "weight_share": also compute log W per query
 
 
 class _Workspace:
@@ -140,8 +149,9 @@ SPARSE_FRACTION = 1 / 32
 
 
 class _ChunkedRankedList(torch.autograd.Function):
-    """``(loss, pos_loss, neg_loss, num_pos, num_neg)`` per query; only ``loss`` is
-    differentiable (w.r.t. ``queries`` and, when it requires grad, ``refs``).
+    """``(loss, pos_loss, neg_loss, num_pos, num_neg, log_w)`` per query (``log_w`` empty unless
+    ``params.share``); only ``loss`` is differentiable (w.r.t. ``queries`` and, when it requires
+    grad, ``refs``).
 
     RLL mines few pairs (the non-trivial ones), so most chunks take the sparse path: after the
     distances and the mining masks, everything else (weights, sums, the backward coefficients
@@ -165,6 +175,7 @@ class _ChunkedRankedList(torch.autograd.Function):
         z_neg, s_neg = queries.new_zeros(n), queries.new_zeros(n)
         num_pos = torch.zeros(n, dtype=torch.long, device=queries.device)
         num_neg = torch.zeros_like(num_pos)
+        log_w = queries.new_full((n if params.share else 0,), float("-inf"), dtype=torch.float64)
         starts = range(0, n, chunk_rows)
         workers = chunk_workers(len(starts), queries.device)
         source = ExclusiveRows(categories, workers)
@@ -177,6 +188,10 @@ class _ChunkedRankedList(torch.autograd.Function):
             rows, ws = stop - start, spaces[worker]
             cat = source.rows(start, stop, worker)
             dist, pos, neg = _mine_chunk(queries[start:stop], refs, ref_sq, cat, params, ws)
+            if params.share:
+                log_w[start:stop] = log_weight_sums(
+                    dist, pos, neg, params.alpha, params.margin, params.Tn, params.Tp
+                )
             mined = torch.logical_or(pos, neg, out=ws.cand[:rows])
             stored = None
             if int(torch.count_nonzero(mined)) <= SPARSE_FRACTION * rows * m:
@@ -199,8 +214,8 @@ class _ChunkedRankedList(torch.autograd.Function):
         check_loss_finite(loss, params.alpha, params.lam)
         ctx.save_for_backward(queries, refs, inv_zp, inv_zn)
         ctx.setup = (categories, neg_source, params, chunk_rows, sparse, dense_starts)
-        ctx.mark_non_differentiable(pos_loss, neg_loss, num_pos, num_neg)
-        return loss, pos_loss, neg_loss, num_pos, num_neg
+        ctx.mark_non_differentiable(pos_loss, neg_loss, num_pos, num_neg, log_w)
+        return loss, pos_loss, neg_loss, num_pos, num_neg, log_w
 
     @staticmethod
     def backward(ctx, grad_loss, *_):
@@ -333,6 +348,7 @@ def chunked_ranked_list_terms(
     neg_weights: Optional[SparseWeights] = None,
     chunk_size: Optional[int] = None,
     lam_pos: float = 1.0,
+    query_weighting: str = "mean",
 ) -> RankedListTerms:
     """Per-query Ranked List Loss of ``queries`` against ``refs`` with Euclidean distances.
 
@@ -350,6 +366,9 @@ def chunked_ranked_list_terms(
         neg_weights: optional :class:`SparseWeights` replacing the ``Tn`` weights (renormalized
             over each query's mined negatives; constants).
         chunk_size: query rows per chunk (``None``: :func:`rows_per_chunk`).
+        query_weighting: ``"mean"`` (default, eq. 14) or ``"weight_share"`` (the authors'
+            Caffe layer: ``loss_i = N c_i L_i``, ``c_i = 0.5 W_i / sum_k W_k``), as in
+            :func:`ranked_list_terms`; ``W_i`` uses ``Tn`` / ``Tp`` also with ``neg_weights``.
 
     Returns:
         :class:`~pml_rank_plugins.functional.ranked_list.RankedListTerms`; ``loss`` is
@@ -360,6 +379,7 @@ def chunked_ranked_list_terms(
     docstring).
     """
     check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
+    share = check_query_weighting(query_weighting) == "weight_share"
     if queries.ndim != 2 or refs.ndim != 2 or queries.shape[1] != refs.shape[1]:
         raise ValueError(
             f"need (N, d) queries and (M, d) refs, got {tuple(queries.shape)}, {tuple(refs.shape)}"
@@ -375,12 +395,18 @@ def chunked_ranked_list_terms(
             f"categories must have shape {(len(queries), len(refs))}, got {tuple(categories.shape)}"
         )
     check_loss_range(queries.dtype, alpha, lam, lam_pos)
-    params = _Params(float(alpha), float(margin), float(Tn), float(Tp), float(lam), float(lam_pos))
+    params = _Params(
+        float(alpha), float(margin), float(Tn), float(Tp), float(lam), float(lam_pos), share
+    )
     chunk_rows = rows_per_chunk(len(queries), len(refs), chunk_size)
     with torch.autocast(queries.device.type, enabled=False):
-        loss, pos_loss, neg_loss, num_pos, num_neg = _ChunkedRankedList.apply(
+        loss, pos_loss, neg_loss, num_pos, num_neg, log_w = _ChunkedRankedList.apply(
             queries, refs, categories, neg_weights, params, chunk_rows
         )
+        if share:
+            # A constant per query: autograd scales the upstream gradient g_i by it.
+            loss = loss * query_scales(log_w, params.Tn, params.Tp).to(loss.dtype)
+            check_loss_finite(loss.detach(), params.alpha, params.lam)
     return RankedListTerms(loss, pos_loss, neg_loss, num_pos, num_neg)
 
 

@@ -9,6 +9,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.chunk_threads import glue_elements, one_torch_thread
 from ..functional.ranked_list import (
+    check_query_weighting,
     check_rll_params,
     default_alpha,
     ranked_list_terms,
@@ -29,6 +30,8 @@ from ..utils.loss_and_miner_utils import (
     ranked_list_categories,
 )
 from .self_index import SelfIndexForward
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
@@ -67,6 +70,22 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
             taken to ``ref_emb.detach()``. When ``ref_emb`` is the batch, every embedding still
             gets gradient as the query of its own list. ``True``: gradient reaches both ends of
             every pair.
+        query_weighting: how the queries of a batch are weighted. ``"mean"`` (default): the
+            paper's eq. 14, ``L = (1/N) sum_i L_i``. ``"weight_share"``: the authors' released
+            Caffe layer (``DistanceWeightedValidPairLossV12``,
+            ``CaffeMex_RLL_GR_V03_Simp/src/caffe/layers/distance_weighted_valid_pair_loss_V12_``
+            ``layer.cpp`` in github.com/XinshaoAmosWang/Ranked-List-Loss-for-DML),
+            ``L = sum_i c_i L_i`` with ``c_i = 0.5 W_i / sum_k W_k`` and
+            ``W_i = sum_{mined pos} exp(Tp (d - (alpha - margin))) + sum_{mined neg}
+            exp(Tn (alpha - d))``, query ``i``'s unnormalized pair weights: queries with many or
+            hard violating pairs count more, and the weights sum to 0.5 (so on a batch where
+            every ``W_i`` is equal the loss and its gradient are half the paper's). Within a
+            query both are eqs. 8-12 (the Caffe layer normalizes each sign by its own weight sum
+            and adds them with weight 1). ``c_i`` is a constant, like the pair weights, and is
+            always computed from ``Tn`` / ``Tp``, also when a miner's ``.weights`` replace the
+            within-query negative weights. Element losses are ``N c_i L_i``, so PML's default
+            ``MeanReducer`` gives ``sum_i c_i L_i`` (another reducer averages those instead).
+            Any other value: ``ValueError``. Keyword-only.
 
     ``self_index`` (keyword of ``forward``): the column of ``ref_emb`` holding each query itself,
     left out of its list (:class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`; what
@@ -90,8 +109,10 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
     ``num_valid_queries = 0`` (the policy of every loss in this package).
 
     float16/bfloat16 embeddings, and any input under ``torch.autocast``, are computed in
-    float32. ``alpha`` or ``lam`` so large that the loss overflows the compute dtype raise
-    ``ValueError`` naming them; any finite ``Tn``/``Tp`` works.
+    float32 (reduced too), and the loss is returned in the embeddings' dtype, as PML's losses
+    return it (a float32 value above 65504 becomes ``inf`` in float16). ``alpha`` or ``lam`` so
+    large that the loss overflows the compute dtype raise ``ValueError`` naming them; any finite
+    ``Tn``/``Tp`` works.
 
     float16 gradient range: the gradient is computed in float32 and cast back to the embeddings'
     dtype, so with float16 embeddings (e.g. the output of a float16 layer under autocast) an
@@ -128,14 +149,16 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         lam: float | None = None,
         gallery_gradient: bool = False,
         chunk_size: int | None = None,
+        query_weighting: str = "mean",
         **kwargs,
     ):
         alpha = default_alpha(margin, alpha)
         lam_pos, lam = term_weights(imbalance, lam)
         check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
+        query_weighting = check_query_weighting(query_weighting)
         chunk_size = check_chunk_size(chunk_size)
         super().__init__(**kwargs)
-        self.chunk_size = chunk_size
+        self.chunk_size, self.query_weighting = chunk_size, query_weighting
         if self.distance.is_inverted:
             raise ValueError("RankedListLoss needs a distance (small = similar), not a similarity")
         self.margin, self.alpha = float(margin), float(alpha)
@@ -160,6 +183,26 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
 
     def get_default_distance(self):
         return LpDistance(p=2, power=1, normalize_embeddings=True)
+
+    def forward(
+        self,
+        embeddings,
+        labels=None,
+        indices_tuple=None,
+        ref_emb=None,
+        ref_labels=None,
+        *,
+        self_index=None,
+    ):
+        """PML's ``forward`` (plus ``self_index``, see
+        :class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`), returning the loss in the
+        embeddings' dtype when they are float16/bfloat16 (computed and reduced in float32)."""
+        loss = super().forward(
+            embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=self_index
+        )
+        if isinstance(embeddings, torch.Tensor) and embeddings.dtype in HALF_DTYPES:
+            return loss.to(embeddings.dtype)
+        return loss
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
         check_loss_labels(labels, ref_labels)
@@ -231,6 +274,7 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
             Tp=self.Tp,
             lam=self.lam,
             lam_pos=self.lam_pos,
+            query_weighting=self.query_weighting,
         )
 
     @staticmethod
