@@ -4,13 +4,16 @@ A config file holds one method, or several under ``methods:`` (each merged over 
 top-level keys, see :func:`.schema.expand_methods`). :func:`collect_methods` applies ``--set``
 overrides and selects ``--methods``; :func:`check_methods` builds every method's models, losses
 and miners on the CPU before anything trains, so a config mistake stops a comparison at once.
-:func:`slug` gives a method's folder name.
+:func:`slug` gives a method's folder name; :func:`check_folders` refuses names that are no safe
+folder name (``..``, ``a/b``, control characters) or share one folder, so every run stays inside
+``--out``.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import unicodedata
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -19,27 +22,88 @@ import torch
 from . import builder
 from .schema import ConfigError, apply_set, expand_methods, load_config, parse_set, validate
 
+# Characters a folder name keeps; every run of other characters becomes one ``_``.
+_FOLDER_CHARS = r"A-Za-z0-9_.+-"
+
 
 def slug(name: str) -> str:
-    """The folder name of method ``name``: runs of other characters become ``_``."""
-    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", name).strip("_") or "method"
+    """The folder name of method ``name``: runs of other characters become ``_``.
+
+    Never ``""``, ``"."``, ``".."`` or another name of dots only (a folder that is not one, or is
+    the parent): those become ``"method"`` (:func:`check_folders` refuses such method names
+    before any folder is made; the fallback keeps file names like ``importance_<slug>.png`` safe).
+    """
+    folder = re.sub(f"[^{_FOLDER_CHARS}]+", "_", name).strip("_")
+    return folder if folder.strip(".") else "method"
 
 
-def check_folders(names: Iterable[str]) -> None:
-    """Raise :class:`ConfigError` when two method names map to one run folder (:func:`slug`).
+def folder_problem(name: str, strict: bool = True) -> str | None:
+    """Why ``name`` cannot name a run folder, or ``None`` when it can.
 
-    ``"FastAP a"`` and ``"FastAP_a"`` would both train into ``FastAP_a/``: the second run would be
-    refused or, resumed, report the first one's numbers.
+    Refused: names that are empty or dots only once slugged (``""``, ``"."``, ``".."``,
+    ``" .. "``, ``".._"``, ``"..\\x00"``: they would name ``--out`` itself or its parent); with
+    ``strict`` also names whose folder would be hidden (a leading ``.``; ``summarize_dir`` skips
+    hidden folders), path separators (``/``, ``\\``) and control characters.
+    """
+    raw = re.sub(f"[^{_FOLDER_CHARS}]+", "_", name).strip("_")
+    if not raw.strip("."):
+        what = "empty" if not raw else "dots only ('.' and '..' are --out itself and its parent)"
+        return f"its folder name would be {raw!r}: {what}"
+    if not strict:
+        return None
+    if "/" in name or "\\" in name:
+        return "it holds a path separator (/ or \\)"
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        return "it holds a control character"
+    if raw.startswith("."):
+        return f"its folder {raw!r} would be hidden (it starts with '.')"
+    return None
+
+
+def _suggestion(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_+-]+", "_", name).strip("_") or "method1"
+
+
+def check_folders(names: Iterable[str], kind: str = "method", strict: bool = True) -> None:
+    """Raise :class:`ConfigError` naming the method when its name cannot be a run folder name.
+
+    Every name must be safe (:func:`folder_problem`: ``..``, ``a/b`` or a control character would
+    put runs outside ``--out`` or nowhere sensible), and no two names may map to one run folder
+    (:func:`slug`): ``"FastAP a"`` and ``"FastAP_a"`` would both train into ``FastAP_a/``, the
+    second run refused or, resumed, reporting the first one's numbers; names differing in case
+    only (``"A"``, ``"a"``) share a folder on case-insensitive file systems (macOS, Windows).
+
+    Args:
+        names: method names, or other names of runs (sweep cells) with ``strict=False``.
+        kind: the word naming them in the message.
+        strict: refuse every :func:`folder_problem`; ``False`` refuses only names whose folder
+            is not one (empty or dots only) and collisions: a sweep cell ``path=a/b`` is a
+            value, not a path, and :func:`slug` makes it ``path_a_b``.
+
+    Complexity: O(total length of the names).
     """
     seen: dict[str, str] = {}
     for name in names:
-        folder = slug(name)
-        if folder in seen:
+        problem = folder_problem(name, strict)
+        if problem is not None:
             raise ConfigError(
-                f"methods {seen[folder]!r} and {name!r} both map to the run folder {folder!r} "
-                "(folder names keep only letters, digits and _.+-): rename one of them"
+                f"{kind} {name!r}: not a safe run folder name: {problem}; rename it with "
+                f"letters, digits and _.+- (e.g. {_suggestion(name)!r})"
             )
-        seen[folder] = name
+        folder = slug(name)
+        other = seen.get(folder.casefold())
+        if other is not None:
+            where = (
+                f"the run folder {folder!r}"
+                if slug(other) == folder
+                else f"the run folders {slug(other)!r} and {folder!r}, one folder where case is "
+                "ignored (macOS, Windows)"
+            )
+            raise ConfigError(
+                f"{kind}s {other!r} and {name!r} both map to {where} (folder names keep only "
+                "letters, digits and _.+-): rename one of them"
+            )
+        seen[folder.casefold()] = name
 
 
 def collect_methods(
@@ -54,7 +118,8 @@ def collect_methods(
     ``methods:`` included). Only the selected methods are validated, so a subset runs even where
     another method names a class that is not installed. ``data_root`` (``--data-root``) becomes
     every config's ``data_root`` unless an override sets ``data_root`` itself. Selected methods
-    whose names map to one run folder raise :class:`ConfigError` (:func:`check_folders`).
+    whose names are no safe folder name or map to one run folder raise :class:`ConfigError`
+    (:func:`check_folders`).
     """
     if isinstance(configs, (str, Path, Mapping)):
         configs = [configs]
