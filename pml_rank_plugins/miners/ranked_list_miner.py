@@ -53,6 +53,15 @@ class RankedListMiner(BaseMiner):
     Stats (``collect_stats``): ``num_pos_pairs``, ``num_neg_pairs`` (set by PML) and
     ``num_anchors_nothing_mined`` (queries with no non-trivial pair at all).
 
+    Query weighting: the miner has no ``query_weighting`` option because it weights pairs
+    within a query, and those weights (eqs. 9, 12, normalized per anchor) are the same under
+    the paper's mean over queries (eq. 14) and the authors' Caffe layer's weighting of query
+    ``i`` by ``0.5 W_i / sum_k W_k``. That query weight is a property of the batch loss:
+    ``RankedListLoss(query_weighting="weight_share")`` computes ``W_i`` itself, from its own
+    ``Tn`` / ``Tp`` over the mined pairs, also when it receives this miner's ``.weights`` (with
+    the same ``margin`` and ``Tn`` the result equals the loss without the miner). The normalized
+    ``.weights`` could not carry ``W_i`` anyway: each anchor's sum to 1.
+
     Args:
         margin, Tn: as :class:`~pml_rank_plugins.losses.RankedListLoss`, in the same (PML's)
             positional order, so ``RankedListMiner(0.4, 10)`` mines for ``RankedListLoss(0.4,

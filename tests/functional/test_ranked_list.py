@@ -255,3 +255,104 @@ def test_empty_inputs_give_empty_terms():
             terms = ranked_list_terms(dist, mask, mask, ALPHA, MARGIN, Tn=Tn, Tp=Tn)
             assert terms.loss.shape == (n,) and (terms.loss == 0).all()
             assert terms.num_pos.tolist() == [0] * n
+
+
+# query_weighting="weight_share": the authors' Caffe layer weights query i by 0.5 W_i / sum_k W_k
+
+
+@pytest.mark.parametrize("Tn,Tp,lam", [(10.0, 0.0, 1.0), (0.0, 0.0, 1.0), (3.0, 2.0, 0.5)])
+def test_weight_share_terms_match_loop_reference_values_and_gradients(dtype, Tn, Tp, lam):
+    dist, pos, neg = random_problem(dtype=dtype, seed=13)
+    kw = dict(Tn=Tn, Tp=Tp, lam=lam)
+    terms = ranked_list_terms(dist, pos, neg, ALPHA, MARGIN, query_weighting="weight_share", **kw)
+    upstream = torch.rand(
+        len(dist), dtype=torch.float64, generator=torch.Generator().manual_seed(5)
+    )
+    (grad,) = torch.autograd.grad(terms.loss, dist, upstream.to(dtype))
+
+    d64 = dist.detach().double().requires_grad_()
+    ref = reference_terms_from_dist(
+        d64, pos, neg, ALPHA, MARGIN, Tn, Tp, lam, query_weighting="weight_share"
+    )
+    ref_loss = torch.stack([d64.new_zeros(()) + r[0] for r in ref])
+    (ref_grad,) = torch.autograd.grad(ref_loss, d64, upstream)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(terms.loss.double(), ref_loss.detach(), **tol)
+    torch.testing.assert_close(grad.double(), ref_grad, **tol)
+    # L_P, L_N and the counts are those of the paper's terms (unweighted)
+    mean = ranked_list_terms(dist.detach(), pos, neg, ALPHA, MARGIN, **kw)
+    for name in ("pos_loss", "neg_loss", "num_pos", "num_neg"):
+        assert torch.equal(getattr(terms, name), getattr(mean, name)), name
+    assert not torch.allclose(terms.loss, mean.loss)
+
+
+def test_weight_share_hand_worked_example():
+    # alpha 1.2, m 0.4, Tn 10, Tp 0. Query 0: one mined negative at d = 1 (W_0 = e^{10 * 0.2}),
+    # L_0 = 0.2. Query 1: one mined positive at d = 1 (W_1 = e^0 = 1), L_1 = 1 - 0.8 = 0.2.
+    # Query 2: nothing mined (W_2 = 0). Batch loss: 0.5 (0.2 e^2 + 0.2) / (e^2 + 1) = 0.1, where
+    # the paper's mean is 0.4 / 3.
+    dist = torch.tensor([[1.0, 0.5], [1.0, 1.9], [1.5, 0.5]], dtype=torch.float64)
+    dist.requires_grad_()
+    pos = torch.tensor([[False, True], [True, False], [False, True]])
+    neg = torch.tensor([[True, False], [False, True], [True, False]])
+    shared = ranked_list_terms(dist, pos, neg, 1.2, 0.4, Tn=10.0, query_weighting="weight_share")
+    e2 = math.exp(2.0)
+    c = [0.5 * e2 / (e2 + 1), 0.5 / (e2 + 1), 0.0]
+    expected = torch.tensor([3 * c[0] * 0.2, 3 * c[1] * 0.2, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(shared.loss, expected, rtol=1e-14, atol=1e-15)
+    assert math.isclose(shared.loss.mean().item(), 0.1, rel_tol=1e-14)
+    mean = ranked_list_terms(dist, pos, neg, 1.2, 0.4, Tn=10.0)
+    assert math.isclose(mean.loss.mean().item(), 0.4 / 3, rel_tol=1e-14)
+    (grad,) = torch.autograd.grad(shared.loss.mean(), dist)
+    expected_grad = torch.tensor([[-c[0], 0.0], [c[1], 0.0], [0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-14, atol=1e-15)
+
+
+def test_weight_share_gradcheck_float64_zero_temperatures():
+    # Tn = Tp = 0: uniform weights and W_i = the number of mined pairs (piecewise constant), so
+    # the constant-weight gradient is the true gradient.
+    dist, pos, neg = random_problem(n=5, m=7, seed=14)
+
+    def f(d):
+        return ranked_list_terms(
+            d, pos, neg, ALPHA, MARGIN, Tn=0.0, Tp=0.0, query_weighting="weight_share"
+        ).loss
+
+    assert torch.autograd.gradcheck(f, (dist,))
+
+
+def test_weight_share_large_temperatures_stay_finite_or_raise_naming_them():
+    # exp(Tn (alpha - d)) overflows float64 from Tn ~ 600, but the shares are a softmax of the
+    # log-weights: finite. Only log-weights beyond float64 itself raise.
+    dist, pos, neg = random_problem(seed=15)
+    for Tn in (1e3, 1e30, 1e300):
+        terms = ranked_list_terms(
+            dist, pos, neg, ALPHA, MARGIN, Tn=Tn, query_weighting="weight_share"
+        )
+        (grad,) = torch.autograd.grad(terms.loss.sum(), dist)
+        assert torch.isfinite(terms.loss).all() and torch.isfinite(grad).all(), Tn
+        assert terms.loss.sum() > 0, Tn
+    with pytest.raises(
+        ValueError, match="query_weighting='weight_share'.*overflow float64.*Tn=1.7e\\+308"
+    ):
+        ranked_list_terms(dist, pos, neg, ALPHA, MARGIN, Tn=1.7e308, query_weighting="weight_share")
+
+
+@pytest.mark.parametrize("bad", ["Mean", "caffe", None, 0])
+def test_bad_query_weighting_raises(bad):
+    dist, pos, neg = random_problem()
+    with pytest.raises(ValueError, match="query_weighting must be one of 'mean', 'weight_share'"):
+        ranked_list_terms(dist, pos, neg, query_weighting=bad)
+
+
+def test_weight_share_empty_inputs_and_nothing_mined():
+    for n, m in ((0, 5), (4, 0)):
+        dist = torch.zeros(n, m, dtype=torch.float64, requires_grad=True)
+        mask = torch.zeros(n, m, dtype=torch.bool)
+        terms = ranked_list_terms(dist, mask, mask, query_weighting="weight_share")
+        assert terms.loss.shape == (n,) and (terms.loss == 0).all()
+    dist = torch.full((3, 4), 1.9, dtype=torch.float64, requires_grad=True)  # every pair trivial
+    neg = torch.ones(3, 4, dtype=torch.bool)
+    terms = ranked_list_terms(dist, ~neg, neg, query_weighting="weight_share")
+    (grad,) = torch.autograd.grad(terms.loss.sum(), dist)
+    assert (terms.loss == 0).all() and (grad == 0).all()

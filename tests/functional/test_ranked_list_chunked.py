@@ -231,3 +231,81 @@ def test_memory_n8192_allocates_no_n_by_n_float_tensor():
     assert result["loss"] > 0
     one_matrix = n * n * 4
     assert result["growth"] < one_matrix / 2, result
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("Tn,Tp,lam", PARAMS)
+def test_weight_share_chunked_equals_dense_both_ends(chunk, Tn, Tp, lam, path):
+    # query_weighting="weight_share": each chunk adds its rows' log W_i; the shares are applied
+    # after all chunks. Same values and gradients as the dense kernel, on both paths.
+    q, r, labels, ref_labels = problem(seed=9)
+    pos = labels[:, None] == ref_labels[None]
+    kw = dict(Tn=Tn, Tp=Tp, lam=lam, query_weighting="weight_share")
+    q1, r1 = q.clone().requires_grad_(), r.clone().requires_grad_()
+    ours = chunked_ranked_list_terms(
+        q1, r1, LabelCategories(labels, ref_labels), ALPHA, MARGIN, chunk_size=chunk, **kw
+    )
+    q2, r2 = q.clone().requires_grad_(), r.clone().requires_grad_()
+    ref = dense_terms(q2, r2, pos, ~pos, **kw)
+    assert_terms_equal(ours, ref, rtol=1e-12, atol=1e-14)
+    upstream = torch.rand(len(q), dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    g_ours = torch.autograd.grad(ours.loss, (q1, r1), upstream)
+    g_ref = torch.autograd.grad(ref.loss, (q2, r2), upstream)
+    for a, b in zip(g_ours, g_ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    plain = dense_terms(q, r, pos, ~pos, Tn=Tn, Tp=Tp, lam=lam)
+    assert not torch.allclose(ours.loss, plain.loss)
+
+
+def test_weight_share_with_sparse_miner_weights_equals_dense(path):
+    # W_i uses the kernel's own Tn / Tp also when a miner's weights replace the within-query
+    # negative weights.
+    q, r, labels, ref_labels = problem(n=12, m=15, seed=10)
+    gen = torch.Generator().manual_seed(11)
+    same = labels[:, None] == ref_labels[None]
+    a2, n = (~same).nonzero(as_tuple=True)
+    w = torch.rand(len(a2), generator=gen, dtype=torch.float64) + 0.05
+    dense_w = torch.zeros(same.shape, dtype=torch.float64)
+    dense_w[a2, n] = w
+    kw = dict(Tp=2.0, lam=0.7, query_weighting="weight_share")
+    q1, q2 = q.clone().requires_grad_(), q.clone().requires_grad_()
+    ours = chunked_ranked_list_terms(
+        q1,
+        r,
+        LabelCategories(labels, ref_labels),
+        ALPHA,
+        MARGIN,
+        chunk_size=4,
+        neg_weights=SparseWeights(a2, n, w),
+        **kw,
+    )
+    ref = dense_terms(q2, r, same, ~same, neg_weights=dense_w, **kw)
+    assert_terms_equal(ours, ref, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(
+        torch.autograd.grad(ours.loss.sum(), q1)[0],
+        torch.autograd.grad(ref.loss.sum(), q2)[0],
+        rtol=1e-10,
+        atol=1e-12,
+    )
+
+
+def test_weight_share_gradcheck_float64_zero_temperature(path):
+    # Tn = Tp = 0: uniform weights, W_i = the number of mined pairs: the true gradient.
+    q, r, labels, ref_labels = problem(n=5, m=6, seed=12)
+    q, r = q.requires_grad_(), r.requires_grad_()
+    cats = LabelCategories(labels, ref_labels)
+
+    def f(a, b):
+        return chunked_ranked_list_terms(
+            a, b, cats, ALPHA, MARGIN, Tn=0.0, chunk_size=2, query_weighting="weight_share"
+        ).loss
+
+    assert torch.autograd.gradcheck(f, (q, r))
+
+
+def test_bad_query_weighting_raises():
+    q, r, labels, ref_labels = problem(seed=13)
+    with pytest.raises(ValueError, match="query_weighting must be one of 'mean', 'weight_share'"):
+        chunked_ranked_list_terms(
+            q, r, LabelCategories(labels, ref_labels), query_weighting="negative_share"
+        )

@@ -10,7 +10,7 @@ from pytorch_metric_learning.reducers import AvgNonZeroReducer, BaseReducer
 
 from pml_rank_plugins.losses import RankedListLoss
 from tests.conftest import make_embeddings_and_labels
-from tests.reference_ranked_list import reference_rll
+from tests.reference_ranked_list import reference_caffe_v12_gradient, reference_rll
 
 
 class PerQuery(BaseReducer):
@@ -198,11 +198,12 @@ def test_half_precision_embeddings_large_temperature_finite(half):
     loss = RankedListLoss(Tn=50.0, Tp=50.0, gallery_gradient=True)(x, labels)
     (grad,) = torch.autograd.grad(loss, x)
     assert torch.isfinite(loss) and torch.isfinite(grad).all() and grad.dtype == half
-    assert loss.dtype == torch.float32 and loss.item() > 0
-    # computed in float32: same value as float32 inputs holding the same numbers
+    assert loss.dtype == half and loss.item() > 0  # the embeddings' dtype, as PML returns it
+    # computed in float32: the float32 value of float32 inputs holding the same numbers, rounded
     x32 = x.detach().float()
     ref = RankedListLoss(Tn=50.0, Tp=50.0, gallery_gradient=True)(x32, labels)
-    torch.testing.assert_close(loss, ref)
+    assert ref.dtype == torch.float32
+    assert torch.equal(loss, ref.to(half))
     if half == torch.float16:
         # PML's version overflows here: exp(50 * (alpha - d)) exceeds float16's range.
         assert not torch.isfinite(pml_loss(margin=0.4, Tn=50.0, alpha=1.2)(x, labels))
@@ -398,13 +399,14 @@ def test_autocast_bfloat16_finite_and_close_to_float32(gallery_gradient):
         emb = model(inputs)
         assert emb.dtype == torch.bfloat16
         loss = loss_fn(emb, labels)
-    assert loss.dtype == torch.float32
+    assert loss.dtype == torch.bfloat16  # the embeddings' dtype (computed in float32)
     grads = torch.autograd.grad(loss, list(model.parameters()))
     assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads)
     ref = loss_fn(model(inputs), labels)
+    assert ref.dtype == torch.float32
     ref_grads = torch.autograd.grad(ref, list(model.parameters()))
     # bfloat16 embeddings carry ~3 significant digits; the loss is computed in float32 from them.
-    torch.testing.assert_close(loss, ref, rtol=2e-2, atol=1e-2)
+    torch.testing.assert_close(loss.float(), ref, rtol=2e-2, atol=1e-2)
     for g, rg in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, rg, rtol=0.1, atol=2e-2)
 
@@ -458,11 +460,14 @@ class DenseLp(LpDistance):
 @pytest.mark.parametrize("gallery_gradient", [False, True])
 @pytest.mark.parametrize("chunk_size", [1, 5, None])
 @pytest.mark.parametrize("mode", ["labels", "ref_emb", "miner_weights", "pml_miner"])
-def test_chunked_path_equals_dense_path(gallery_gradient, chunk_size, mode):
+@pytest.mark.parametrize("query_weighting", ["mean", "weight_share"])
+def test_chunked_path_equals_dense_path(gallery_gradient, chunk_size, mode, query_weighting):
     from pml_rank_plugins.miners import RankedListMiner
 
     x, labels = embeddings(n=20, dim=3, num_classes=4, seed=30)
-    kwargs = dict(Tn=10.0, Tp=2.0, lam=0.7, gallery_gradient=gallery_gradient)
+    kwargs = dict(
+        Tn=10.0, Tp=2.0, lam=0.7, gallery_gradient=gallery_gradient, query_weighting=query_weighting
+    )
     args, ref = (x, labels), None
     if mode == "ref_emb":
         ref, ref_labels = embeddings(n=17, dim=3, num_classes=4, seed=31)
@@ -511,3 +516,140 @@ def test_imbalance_equals_the_loop_reference_and_passes_gradcheck(b):
     # Tn = 0: uniform weights, so the constant-weight gradient is the true gradient
     uniform = RankedListLoss(0.4, 0.0, imbalance=b, alpha=1.2, gallery_gradient=True)
     assert torch.autograd.gradcheck(lambda e: uniform(e, labels), (x,))
+
+
+# query_weighting: the paper's mean (eq. 14) or the authors' Caffe layer's weight share
+
+
+@pytest.mark.parametrize("gallery_gradient", [False, True])
+@pytest.mark.parametrize("Tn,Tp,lam", [(10.0, 0.0, 1.0), (0.0, 0.0, 1.0), (25.0, 3.0, 0.5)])
+def test_weight_share_matches_loop_reference_values_and_gradients(
+    dtype, gallery_gradient, Tn, Tp, lam
+):
+    x, labels = embeddings(dtype=dtype)
+    kw = dict(Tn=Tn, Tp=Tp, lam=lam, gallery_gradient=gallery_gradient)
+    loss_fn = RankedListLoss(query_weighting="weight_share", **kw)
+    loss = loss_fn(x, labels)
+    (grad,) = torch.autograd.grad(loss, x)
+
+    x64 = x.detach().double().requires_grad_()
+    ref = torch.stack(reference_rll(x64, labels, query_weighting="weight_share", **kw)).mean()
+    (ref_grad,) = torch.autograd.grad(ref, x64)
+    torch.testing.assert_close(loss.double(), ref.detach(), **tolerances(dtype))
+    torch.testing.assert_close(grad.double(), ref_grad, **tolerances(dtype))
+    # not the paper's mean on this batch (the comparison above is not a restatement of it)
+    mean = torch.stack(reference_rll(x64, labels, **kw)).mean()
+    assert abs(mean.item() - ref.item()) > 1e-3
+
+
+@pytest.mark.parametrize("margin,Tn,Tp", [(0.4, 10.0, 0.0), (0.4, 12.0, 0.0), (0.2, 10.0, 2.0)])
+def test_weight_share_gradient_is_the_caffe_layers_pair_by_pair_gradient(margin, Tn, Tp):
+    # The Caffe layer's input is already L2-normalized (a Normalization layer before it), so the
+    # loss here takes unit vectors without normalizing again; alpha defaults to 1 + margin / 2,
+    # the layer's negative boundary.
+    x, labels = embeddings(n=14, dim=3, num_classes=3, seed=40)
+    x = torch.nn.functional.normalize(x.detach()).requires_grad_()
+    loss_fn = RankedListLoss(
+        margin=margin,
+        Tn=Tn,
+        Tp=Tp,
+        query_weighting="weight_share",
+        distance=LpDistance(normalize_embeddings=False),
+    )
+    (grad,) = torch.autograd.grad(loss_fn(x, labels), x)
+    expected = reference_caffe_v12_gradient(x, labels, margin, Tn, Tp)
+    assert expected.abs().max() > 1e-3
+    torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+    # ... which the paper's mean is not
+    (grad_mean,) = torch.autograd.grad(
+        RankedListLoss(
+            margin=margin, Tn=Tn, Tp=Tp, distance=LpDistance(normalize_embeddings=False)
+        )(x, labels),
+        x,
+    )
+    assert not torch.allclose(grad_mean, expected, rtol=1e-3, atol=1e-5)
+
+
+def test_weight_share_gradcheck_float64():
+    # Tn = Tp = 0: uniform within-query weights and W_i = the number of mined pairs, piecewise
+    # constant in the embeddings, so the constant-weight gradient is the true gradient.
+    x, labels = embeddings(n=8, dim=3, seed=4)
+    x = x.detach().requires_grad_()
+    both = RankedListLoss(Tn=0.0, gallery_gradient=True, query_weighting="weight_share")
+    assert torch.autograd.gradcheck(lambda e: both(e, labels), (x,))
+    gallery = x.detach().clone()  # gallery_gradient=False: the query side, gallery constant
+    loss = RankedListLoss(Tn=0.0, query_weighting="weight_share")
+    assert torch.autograd.gradcheck(
+        lambda e: loss(e, labels, ref_emb=gallery, ref_labels=labels), (x,)
+    )
+    per_query = RankedListLoss(Tn=0.0, query_weighting="weight_share", reducer=PerQuery())(
+        x, labels
+    )
+    assert len(set(torch.round(per_query, decimals=9).tolist())) > 2  # queries weighted unequally
+
+
+def test_weight_share_shares_sum_to_half_and_follow_the_weight_sums():
+    # Element losses are N c_i L_i: divided by the paper's per-query L_i they give N c_i, which
+    # sum to N / 2 and are proportional to W_i, counted here from the distances (Tn = Tp = 0:
+    # W_i is the number of mined pairs).
+    x, labels = embeddings(n=12, dim=3, seed=41)
+    shared = RankedListLoss(Tn=0.0, query_weighting="weight_share", reducer=PerQuery())(x, labels)
+    plain = RankedListLoss(Tn=0.0, reducer=PerQuery())(x, labels)
+    d = torch.cdist(*(2 * [torch.nn.functional.normalize(x.detach())]))
+    same = labels[:, None] == labels[None]
+    off_diagonal = ~torch.eye(len(x), dtype=torch.bool)
+    counts = ((same & off_diagonal & (d > 0.8)) | (~same & (d < 1.2))).sum(1).double()
+    mined = plain > 0
+    assert mined.sum() >= 6
+    factors = shared[mined] / plain[mined]
+    torch.testing.assert_close(factors, len(x) * 0.5 * counts[mined] / counts.sum())
+    assert torch.equal(shared[~mined], plain[~mined])
+
+
+def test_weight_share_with_the_miners_weights_equals_it_without():
+    # W_i always uses the loss's own Tn / Tp: with RankedListMiner's pairs and weights at the
+    # same margin and Tn, the lists, the within-query weights and the shares are the loss's own.
+    from pml_rank_plugins.miners import RankedListMiner
+
+    x, labels = embeddings(n=16, dim=3, seed=42)
+    loss_fn = RankedListLoss(0.4, 10.0, query_weighting="weight_share", reducer=PerQuery())
+    pairs = RankedListMiner(0.4, 10.0)(x, labels)
+    a, b = loss_fn(x, labels, pairs), loss_fn(x, labels)
+    assert (b > 0).sum() >= 4
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("query_weighting", ["mean", "weight_share"])
+def test_half_precision_loss_in_embeddings_dtype_computed_in_float32(half, query_weighting):
+    x, labels = make_embeddings_and_labels(n=24, dim=6, dtype=half, seed=43)
+    loss_fn = RankedListLoss(query_weighting=query_weighting)
+    loss = loss_fn(x, labels)
+    (grad,) = torch.autograd.grad(loss, x)
+    assert loss.dtype == half and grad.dtype == half and loss.item() > 0
+    ref = loss_fn(x.detach().float(), labels)  # the same numbers in float32
+    assert ref.dtype == torch.float32
+    assert torch.equal(loss, ref.to(half))
+
+
+@pytest.mark.parametrize("bad", ["Mean", "caffe", "negative_share", "", None, 1, True])
+def test_bad_query_weighting_raises_naming_the_argument_and_choices(bad):
+    with pytest.raises(ValueError, match=r"query_weighting must be one of 'mean', 'weight_share'"):
+        RankedListLoss(query_weighting=bad)
+
+
+def test_query_weighting_from_a_config():
+    # A constructor keyword, so a config reaches it:
+    # loss_funcs: {metric_loss: {pml_rank_plugins.RankedListLoss: {query_weighting: ...}}}
+    from pml_rank_plugins.experiment.instantiate import build_object
+
+    where = "loss_funcs.metric_loss"
+    spec = {"pml_rank_plugins.RankedListLoss": {"query_weighting": "weight_share", "Tn": 12.0}}
+    loss_fn = build_object(spec, where)
+    assert isinstance(loss_fn, RankedListLoss) and loss_fn.query_weighting == "weight_share"
+    x, labels = embeddings(n=10, seed=44)
+    expected = RankedListLoss(Tn=12.0, query_weighting="weight_share")(x, labels)
+    torch.testing.assert_close(loss_fn(x, labels), expected, rtol=0, atol=0)
+    bad = {"pml_rank_plugins.RankedListLoss": {"query_weighting": "share"}}
+    with pytest.raises(ValueError, match=rf"{where}: .*query_weighting must be one of"):
+        build_object(bad, where)

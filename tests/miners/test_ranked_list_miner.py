@@ -243,6 +243,7 @@ def test_autocast_bfloat16_mines_in_float32():
         out = RankedListMiner()(emb, labels)
         loss = RankedListLoss()(emb, labels, out)
     assert out.weights.dtype == torch.float32 and torch.isfinite(out.weights).all()
+    assert loss.dtype == torch.bfloat16  # the loss comes back in the embeddings' dtype
     grads = torch.autograd.grad(loss, list(model.parameters()))
     assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads)
     # The same pairs as mining the bfloat16 embeddings in float32 outside autocast.
@@ -251,7 +252,7 @@ def test_autocast_bfloat16_mines_in_float32():
     torch.testing.assert_close(out.weights, ref.weights)
     # Within bfloat16 tolerance of mining the float32 embeddings.
     loss32 = RankedListLoss()(model(inputs), labels, RankedListMiner()(model(inputs), labels))
-    torch.testing.assert_close(loss, loss32, rtol=2e-2, atol=1e-2)
+    torch.testing.assert_close(loss.float(), loss32, rtol=2e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, None])
