@@ -11,6 +11,10 @@
 * :func:`remove_partial_writes` deletes the ``checkpoints/.latest.pt.*.tmp`` and
   ``checkpoints/.best.pt.*.tmp`` files a killed ``atomic_torch_save`` leaves behind, nothing else
   (call it while holding the lock, once the run is accepted).
+* Nothing outside ``--out`` is written through a link: :func:`lock` refuses a run folder or
+  ``.lock`` that is a symbolic link (:func:`open_lock_file`, ``O_NOFOLLOW``), :func:`prepare`
+  refuses run outputs that are links, and :func:`inside` checks that a path resolves inside
+  ``--out`` (:func:`.pool.make_jobs` uses it for every run folder).
 * :func:`disk_full_as_error` turns a full disk while writing into one line,
   ``No space left on device: PATH`` (:class:`DiskFullError`).
 """
@@ -23,6 +27,8 @@ import json
 import logging
 import os
 import shutil
+import stat
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -82,19 +88,98 @@ def write_text(path: str | Path, text: str) -> None:
         Path(path).write_text(text)
 
 
+class UnsafeRunFolder(RunFolderError):
+    """A run folder or lock file that is a symbolic link (or a lock file that is no plain file
+    of its own): writing through it would change a file elsewhere."""
+
+
+def inside(out_dir: str | Path, path: str | Path) -> bool:
+    """Whether ``path`` resolves to ``out_dir`` or to something below it (both resolved).
+
+    Symbolic links are followed (``OUT/m -> /home/me`` makes ``OUT/m/seed0`` outside), and ``..``
+    components count, so a run folder built from a name cannot leave ``--out``. Paths that do not
+    exist yet resolve through their existing part.
+
+    Args:
+        out_dir: the command's ``--out``.
+        path: a path the command is about to create, write or delete.
+    """
+    return Path(path).resolve().is_relative_to(Path(out_dir).resolve())
+
+
+def open_lock_file(path: str | Path) -> int:
+    """Open (creating it, mode 0644) the lock file ``path`` for reading and writing; returns the fd.
+
+    The file is opened with ``O_NOFOLLOW``: a symbolic link at ``path`` (dangling or not) is
+    refused instead of creating or truncating its target, and so is anything but a plain file
+    with a single name (a hard link to another file would be truncated just the same).
+
+    Raises:
+        UnsafeRunFolder: ``path`` is a symbolic link, a hard link or not a plain file; the
+            message names it.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK) or os.path.islink(path):
+            raise UnsafeRunFolder(
+                f"{path} is a symbolic link{_target(path)}; a lock file must be a plain file: "
+                "remove the link"
+            ) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "not a plain file" if not stat.S_ISREG(st.st_mode) else "a hard link"
+        raise UnsafeRunFolder(f"{path} is {what}; a lock file must be a plain file: remove it")
+    return fd
+
+
+def _target(path: str | Path) -> str:
+    try:
+        return f" (to {os.readlink(path)})"
+    except OSError:  # not a link itself (a link further up the path)
+        return ""
+
+
+# Folders whose lock this thread holds with ``lock(..., nested=True)`` (resolved paths).
+_NESTED = threading.local()
+
+
 @contextlib.contextmanager
-def lock(run_dir: str | Path) -> Iterator[Path]:
+def lock(run_dir: str | Path, nested: bool = False) -> Iterator[Path]:
     """Hold an exclusive lock on ``run_dir`` (created if missing) for the ``with`` block.
 
     Raises :class:`RunFolderBusy` at once (no waiting) when another open lock exists, including
-    one taken by the same process through another ``lock`` call.
+    one taken by the same process through another ``lock`` call -- except inside a
+    ``lock(run_dir, nested=True)`` block of the same thread, where a further ``lock(run_dir)``
+    reuses the held lock (:func:`.pool.run_job` holds the folder across ``runner.train``, so its
+    stale-record cleanup and failure record happen under the lock too). A ``run_dir`` that is
+    a symbolic link, or whose ``.lock`` is one, is refused (:class:`UnsafeRunFolder`): a run
+    folder received from someone else must not make the run write elsewhere. A refused lock
+    writes nothing.
+
+    Args:
+        run_dir: the run folder.
+        nested: let later ``lock`` calls of this thread for the same folder share the lock.
     """
     import fcntl  # POSIX only; imported here so the rest of the package imports anywhere
 
     run_dir = Path(run_dir)
+    if run_dir.is_symlink():
+        raise UnsafeRunFolder(
+            f"{run_dir} is a symbolic link{_target(run_dir)}; give the folder it points to as "
+            "--out, or remove the link"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
+    key = str(run_dir.resolve())
+    held: set[str] = _NESTED.__dict__.setdefault("held", set())
+    if key in held:  # inside this thread's lock(run_dir, nested=True): share it
+        yield run_dir
+        return
     path = run_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_lock_file(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -106,7 +191,12 @@ def lock(run_dir: str | Path) -> Iterator[Path]:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield run_dir
+        if nested:
+            held.add(key)
+        try:
+            yield run_dir
+        finally:
+            held.discard(key)
     finally:
         os.close(fd)  # releases the flock
 
@@ -132,8 +222,10 @@ def prepare(run_dir: str | Path, resume: bool, overwrite: bool) -> None:
 
     Resuming keeps everything. A fresh run into a folder with run outputs raises
     :class:`RunFolderError` (having touched nothing) unless ``overwrite``, which removes exactly
-    :data:`RUN_OUTPUTS`. Leftovers of killed writes are not removed here: call
-    :func:`remove_partial_writes` once the run is accepted.
+    :data:`RUN_OUTPUTS`. A run output that is a symbolic link (the run would write through it,
+    e.g. ``metrics.json -> ~/.bashrc``) is refused (:class:`UnsafeRunFolder`) unless
+    ``overwrite`` removes it (the link, never its target). Leftovers of killed writes are not
+    removed here: call :func:`remove_partial_writes` once the run is accepted.
 
     Args:
         run_dir: the run folder.
@@ -142,11 +234,18 @@ def prepare(run_dir: str | Path, resume: bool, overwrite: bool) -> None:
 
     Raises:
         RunFolderError: the folder holds a run and neither ``resume`` nor ``overwrite`` is set.
+        UnsafeRunFolder: a run output is a symbolic link (and not removed by ``overwrite``).
     """
     run_dir = Path(run_dir)
+    links = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).is_symlink()]
+    if links and (resume or not overwrite):
+        raise UnsafeRunFolder(
+            f"{links[0]} is a symbolic link{_target(links[0])}; a run writes its outputs "
+            f"itself: remove the link{'' if resume else ' or pass --overwrite'}"
+        )
     if resume:
         return
-    found = describe_run(run_dir)
+    found = describe_run(run_dir) or (f"symbolic links ({len(links)})" if links else None)
     if found is None:
         return
     if not overwrite:
