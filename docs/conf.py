@@ -12,9 +12,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # autodoc imports pml_rank_plugins from the checkout
 
+from pml_rank_plugins._version import __version__  # noqa: E402 (after the sys.path insert)
+
 project = "pml_rank_plugins"
 author = "pml_rank_plugins contributors"
-copyright = "pml_rank_plugins contributors"
+copyright = "2026, pml_rank_plugins contributors"
+release = __version__  # the one source: pml_rank_plugins/_version.py
+version = ".".join(__version__.split(".")[:2])
 
 extensions = [
     "sphinx.ext.autodoc",
@@ -39,5 +43,5 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
 html_theme = "furo"
-html_title = "pml_rank_plugins"
+html_title = f"pml_rank_plugins {release}"  # the version on every page (furo's sidebar title)
 autodoc_inherit_docstrings = False  # torch.autograd.Function docs refer to labels of torch

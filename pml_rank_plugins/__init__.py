@@ -13,4 +13,6 @@ Subpackages, in import order (each imports only the ones above it):
     cli -- ``pml-rank``, on top.
 """
 
-__version__ = "0.1.0"
+from ._version import __version__
+
+__all__ = ["__version__"]
