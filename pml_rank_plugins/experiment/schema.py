@@ -14,6 +14,7 @@ capitalised (``CosineSimilarity``), dotted (``torchvision.models.resnet18``) or 
 from __future__ import annotations
 
 import copy
+import math
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -48,7 +49,10 @@ TOP_LEVEL_KEYS = {
     "methods",
     "device",
     "tune",
+    "compare",
 }
+# ``compare:``: settings of the comparison tables, not of training (see docs/statistics.md).
+COMPARE_KEYS = {"equivalence_margin"}
 EVAL_KEYS = {
     "tester",
     "metrics",
@@ -262,6 +266,7 @@ def validate(config: dict) -> dict:
         raise ConfigError(
             f"eval: unknown key(s) {sorted(map(str, bad))}; allowed: {sorted(EVAL_KEYS)}"
         )
+    equivalence_margin(config)
     datasets = config.get("datasets")
     if datasets is not None and not isinstance(datasets, dict):
         raise ConfigError("datasets: expected {split name: {DatasetClass: {kwargs}}}")
@@ -311,6 +316,40 @@ def validate(config: dict) -> dict:
             registry.check_keywords(inner, kw, w)
             _check_plugin_twin(w, n, inner, kw)
     return config
+
+
+def equivalence_margin(config: dict) -> float | None:
+    """The config's ``compare.equivalence_margin`` (points of the primary metric: ``1.0`` is
+    +-0.01 as a fraction), checked; ``None`` when absent or null (no equivalence test).
+
+    Raises:
+        ConfigError: ``compare`` is not a mapping or has unknown keys, or the margin is not a
+            positive finite number (0, negatives, strings, booleans, inf and NaN are refused).
+    """
+    section = config.get("compare")
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise ConfigError(f"compare: expected a mapping, got {section!r}")
+    bad = set(section) - COMPARE_KEYS
+    if bad:
+        raise ConfigError(
+            f"compare: unknown key(s) {sorted(map(str, bad))}; allowed: {sorted(COMPARE_KEYS)}"
+        )
+    value = section.get("equivalence_margin")
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(
+            f"compare.equivalence_margin: expected a positive finite number of points of the"
+            f" primary metric (e.g. 1.0 for +-1 point), got {value!r}"
+        )
+    return float(value)
 
 
 def _check_plugin_twin(where: str, name: str, obj: Any, kwargs: dict) -> None:

@@ -1,4 +1,5 @@
-"""Statistics for comparisons and sweeps: t intervals per method, paired tests between methods.
+"""Statistics for comparisons and sweeps: t intervals per method, paired tests between methods,
+multiplicity correction, equivalence tests and detectable differences.
 
 A *run* is one training run of one method, identified by a run id (``seed0``, ``seed1``, ... or
 ``fold0/seed0``); methods are compared on the runs they share (same seed, same fold), so the
@@ -15,22 +16,46 @@ Between a method and the reference method, on the ``n`` paired runs, ``d_i = x_i
 * mean difference, its 95% t interval as above on the ``d_i``;
 * paired t-test ``t = mean(d) / (s_d / sqrt(n))``, two-sided p (``scipy.stats.ttest_rel``);
 * Wilcoxon signed-rank two-sided p (``scipy.stats.wilcoxon``) when ``n >= 6`` (below 6 pairs
-  its smallest possible two-sided p is 0.0625, so it can never reject at 5%).
+  its smallest possible two-sided p is 0.0625, so it can never reject at 5%);
+* ``mdd``: the minimum detectable difference, the smallest true mean difference the two-sided
+  paired t-test at ``alpha = 0.05`` detects with 80% power at this ``n`` and paired standard
+  deviation ``s_d``: ``mdd = delta * s_d`` with ``delta`` the standardized effect size solving
+  ``1 - F(t_{1-alpha/2, n-1}; n-1, delta sqrt(n)) + F(-t_{1-alpha/2, n-1}; n-1, delta sqrt(n))
+  = 0.8`` (``F``: noncentral t CDF; ``statsmodels.stats.power.TTestPower.solve_power``);
+* with an equivalence margin ``m > 0`` (same unit as the values): TOST, two one-sided paired
+  t-tests of ``H0: mean(d) <= -m`` (``p_tost_lower``, ``ttest_rel(x, r - m,
+  alternative="greater")``) and ``H0: mean(d) >= m`` (``p_tost_upper``, ``ttest_rel(x, r + m,
+  alternative="less")``); ``p_tost = max(p_tost_lower, p_tost_upper)`` (intersection-union
+  test: equivalence is claimed only when both one-sided tests reject, so the maximum is a level
+  ``alpha`` test of ``|mean(d)| >= m`` without any correction for the two halves).
+
+Across a table (:func:`describe_runs`), per metric, the rows' p-values against the reference form
+one family and are Holm-adjusted (``statsmodels.stats.multitest.multipletests(method="holm")``,
+strong family-wise error control at ``alpha``): ``p_ttest_holm``, ``p_wilcoxon_holm`` and, where a
+margin is given, ``p_tost_holm``, each family adjusted on its own. Rows whose raw p is undefined
+are not tested and do not count in the family. Holm: with the ``k`` p-values sorted
+``p_(1) <= ... <= p_(k)``, ``p~_(i) = min(1, max_{j <= i} (k - j + 1) p_(j))``.
 
 Undefined quantities (``n < 2``; zero variance for the tests) are ``None``, never 0 or NaN, so
-they survive JSON and cannot be mistaken for a measurement. All functions are O(n).
+they survive JSON and cannot be mistaken for a measurement. All functions are O(n) per
+comparison (Holm: O(k log k) for ``k`` rows).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Mapping, Sequence
 
 import numpy as np
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
 
 CONFIDENCE = 0.95
 MIN_WILCOXON = 6
+ALPHA = 0.05  # level of every test and of the verdicts
+POWER = 0.8  # power at which the minimum detectable difference is stated
 
 
 def _finite_or_none(x) -> float | None:
@@ -70,8 +95,9 @@ def paired_difference(
 
     Returns the :func:`t_interval` of ``d = values - reference`` plus ``t`` and ``p_ttest``
     (``scipy.stats.ttest_rel``, two-sided), ``p_wilcoxon`` (``scipy.stats.wilcoxon``, two-sided,
-    only when ``n >= 6`` and some ``d != 0``) and ``ci_excludes_zero`` (``None`` when there is no
-    interval). With zero variance of ``d`` the t-test is undefined: ``t``/``p_ttest`` are None.
+    only when ``n >= 6`` and some ``d != 0``), ``ci_excludes_zero`` (``None`` when there is no
+    interval) and ``mdd`` (:func:`detectable_difference` of ``n`` and the std of ``d``). With zero
+    variance of ``d`` the t-test is undefined: ``t``/``p_ttest`` are None.
     """
     a = np.asarray(values, dtype=np.float64)
     b = np.asarray(reference, dtype=np.float64)
@@ -80,6 +106,7 @@ def paired_difference(
     out = t_interval(a - b, confidence)
     out.update(t=None, p_ttest=None, p_wilcoxon=None, ci_excludes_zero=None)
     n = out["n"]
+    out["mdd"] = detectable_difference(n, out["std"])
     if n >= 2:
         out["ci_excludes_zero"] = bool(out["ci_low"] > 0 or out["ci_high"] < 0)
         if out["std"] > 0:
@@ -91,24 +118,102 @@ def paired_difference(
     return out
 
 
+def tost(values: Sequence[float], reference: Sequence[float], margin: float) -> dict:
+    """Two one-sided paired t-tests of ``|mean(values - reference)| >= margin`` (TOST).
+
+    ``margin``: positive, finite, in the values' unit. Returns ``{"equivalence_margin",
+    "p_tost_lower", "p_tost_upper", "p_tost"}``: ``p_tost_lower`` tests ``H0: mean(d) <= -margin``
+    (``scipy.stats.ttest_rel(values, reference - margin, alternative="greater")``),
+    ``p_tost_upper`` tests ``H0: mean(d) >= margin`` (``alternative="less"`` against
+    ``reference + margin``) and ``p_tost`` is their maximum (intersection-union: equivalence at
+    level ``alpha`` when ``p_tost < alpha``). The p-values are ``None`` for ``n < 2`` or a zero
+    variance of ``d`` (the t statistics are undefined). O(n).
+    """
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)):
+        raise ValueError(f"tost: margin must be a number, got {margin!r}")
+    if not (math.isfinite(margin) and margin > 0):
+        raise ValueError(f"tost: margin must be positive and finite, got {margin!r}")
+    a = np.asarray(values, dtype=np.float64)
+    b = np.asarray(reference, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"tost: need two 1-D sequences of one length, got {a.shape} vs {b.shape}")
+    out = {"equivalence_margin": float(margin), "p_tost_lower": None, "p_tost_upper": None}
+    out["p_tost"] = None
+    d = a - b
+    if d.size >= 2 and d.std(ddof=1) > 0:
+        lower = stats.ttest_rel(a, b - margin, alternative="greater").pvalue
+        upper = stats.ttest_rel(a, b + margin, alternative="less").pvalue
+        out.update(p_tost_lower=_finite_or_none(lower), p_tost_upper=_finite_or_none(upper))
+        if out["p_tost_lower"] is not None and out["p_tost_upper"] is not None:
+            out["p_tost"] = max(out["p_tost_lower"], out["p_tost_upper"])
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _effect_size(n: int, alpha: float, power: float) -> float:
+    """Standardized paired effect ``delta`` the two-sided t-test detects with ``power`` (n >= 2)."""
+    return float(
+        TTestPower().solve_power(
+            effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided"
+        )
+    )
+
+
+def detectable_difference(
+    n: int, std: float | None, alpha: float = ALPHA, power: float = POWER
+) -> float | None:
+    """Minimum detectable difference (MDD) of a two-sided paired t-test: ``delta(n) * std``.
+
+    ``delta(n)`` solves the noncentral-t power equation of the module docstring
+    (``statsmodels``' ``TTestPower``; e.g. ``delta = 1.682`` at ``n = 5``, ``0.996`` at ``n =
+    10``): a true mean difference of ``mdd`` is found significant in ``power`` of repeated
+    experiments with ``n`` pairs whose differences have standard deviation ``std``. ``None`` for
+    ``n < 2`` or no ``std``; 0 for ``std = 0``. O(1) per ``n`` after the first call (cached).
+    """
+    if n < 2 or std is None:
+        return None
+    return _effect_size(int(n), float(alpha), float(power)) * float(std)
+
+
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm-adjusted p-values of one family (``multipletests(method="holm")``); ``None`` entries
+    (untested comparisons) stay ``None`` and are not counted in the family. O(k log k)."""
+    tested = [i for i, p in enumerate(pvalues) if p is not None]
+    out: list[float | None] = [None] * len(pvalues)
+    if tested:
+        adjusted = multipletests([pvalues[i] for i in tested], alpha=ALPHA, method="holm")[1]
+        for i, p in zip(tested, adjusted):
+            out[i] = float(p)
+    return out
+
+
 def describe_runs(
     runs: Mapping[str, Mapping[str, Mapping[str, float]]],
     metrics: Sequence[str],
     reference: str | None = None,
+    equivalence: Mapping[str, float] | None = None,
 ) -> dict:
     """Statistics of ``runs[method][run_id][metric]`` (successful runs only).
 
-    Returns ``{"reference": name, "stats": {method: {metric: t_interval + values + run_ids}},
-    "differences": {method: {metric: paired_difference + run_ids}}}``. Differences are against
-    ``reference`` (default: the first method), on the run ids both methods have; the reference
-    itself and methods without shared runs get no entry.
+    Returns ``{"reference": name, "confidence", "alpha", "power", "stats": {method: {metric:
+    t_interval + values + run_ids}}, "differences": {method: {metric: paired_difference +
+    p_ttest_holm + p_wilcoxon_holm + run_ids}}}``. Differences are against ``reference``
+    (default: the first method), on the run ids both methods have; the reference itself and
+    methods without shared runs get no entry. Per metric, the methods' p-values form one Holm
+    family (:func:`holm`). ``equivalence``: ``{metric: margin}`` (margin in the values' unit):
+    those metrics' differences also get :func:`tost` and ``p_tost_holm``.
     """
     methods = list(runs)
     if reference is None and methods:
         reference = methods[0]
     if reference is not None and reference not in runs:
         raise ValueError(f"reference {reference!r} is not one of the methods {methods}")
-    out: dict = {"reference": reference, "confidence": CONFIDENCE, "stats": {}, "differences": {}}
+    out: dict = {"reference": reference, "confidence": CONFIDENCE, "alpha": ALPHA, "power": POWER}
+    out.update(stats={}, differences={})
+    equivalence = dict(equivalence or {})
+    unknown = sorted(set(equivalence) - set(metrics))
+    if unknown:
+        raise ValueError(f"equivalence margin for {unknown}: not among the metrics {list(metrics)}")
     for method, by_run in runs.items():
         row = {}
         for metric in metrics:
@@ -131,8 +236,16 @@ def describe_runs(
                 continue
             a = [float(by_run[r][metric]) for r in ids]
             b = [float(ref_runs[r][metric]) for r in ids]
-            row[metric] = {**paired_difference(a, b), "run_ids": ids}
+            row[metric] = paired_difference(a, b)
+            if metric in equivalence:
+                row[metric].update(tost(a, b, equivalence[metric]))
+            row[metric]["run_ids"] = ids
         out["differences"][method] = row
+    for metric in metrics:
+        family = [r[metric] for r in out["differences"].values() if metric in r]
+        for key in ("p_ttest", "p_wilcoxon") + (("p_tost",) if metric in equivalence else ()):
+            for d, p in zip(family, holm([d[key] for d in family])):
+                d[f"{key}_holm"] = p
     return out
 
 

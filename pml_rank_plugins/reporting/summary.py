@@ -4,8 +4,12 @@ differences against a reference, and the outputs written from them.
 Runs of different methods with the same seed are *paired* (same data order, same initial weights
 where the model config is shared). :func:`summarize` reports, per method and test metric (at the
 best validation epoch), mean, 95% CI (Student t) and, against the reference, the paired
-difference with its CI, paired t-test and (n >= 6) Wilcoxon p-values (:mod:`.statistics`).
-:func:`summarize_dir` recomputes everything from the run folders alone.
+difference with its CI, paired t-test and (n >= 6) Wilcoxon p-values, raw and Holm-adjusted
+over the table's rows, and the minimum detectable difference at 80% power; on the primary metric
+also the TOST equivalence test when a margin is given (the config's
+``compare.equivalence_margin``) and the verdict (:mod:`.statistics`, :func:`.tables.verdict`).
+:func:`summarize_dir` recomputes everything from the run folders alone (the primary metric and
+the margin from the first method's saved ``config.yaml``).
 """
 
 from __future__ import annotations
@@ -16,11 +20,21 @@ from typing import Mapping
 
 import numpy as np
 
-from ..experiment.schema import load_yaml
+from ..experiment.methods import slug
+from ..experiment.schema import equivalence_margin, load_yaml
 from ..running.pool import FAILED_FILE, is_failed
 from . import statistics
 from .plots import write_plots
-from .tables import DEFAULT_PRIMARY, markdown_table, metric_order, test_metrics, write_csv
+from .tables import (
+    DEFAULT_PRIMARY,
+    markdown_table,
+    metric_order,
+    test_metrics,
+    verdict,
+    write_csv,
+)
+
+__all__ = ["equivalence_margin", "primary_metric", "summarize", "summarize_dir", "write_outputs"]
 
 
 def primary_metric(config: dict) -> str:
@@ -43,14 +57,18 @@ def summarize(
     reference: str | None = None,
     primary: str = DEFAULT_PRIMARY,
     label: str = "method",
+    margin: float | None = None,
 ) -> dict:
     """Statistics over ``results[name][run_id]`` (metrics.json contents or failure records).
 
-    Returns ``{"metrics", "primary_metric", "reference", "confidence", "unit", "label",
-    "run_ids", "rows": {name: {metric: {n, mean, std, ci_low, ci_high, ci_half_width, values,
-    run_ids}, "seconds", "best_epoch", "n_runs", "n_failed", "failed"}}, "differences": {name:
-    {metric: paired statistics vs the reference}}, "failed": [{name, run_id, error}]}``.
-    Metric values are fractions (as PML reports them); the Markdown and CSV show percent.
+    Returns ``{"metrics", "primary_metric", "equivalence_margin", "reference", "confidence",
+    "alpha", "power", "unit", "label", "run_ids", "rows": {name: {metric: {n, mean, std, ci_low,
+    ci_high, ci_half_width, values, run_ids}, "seconds", "best_epoch", "n_runs", "n_failed",
+    "failed"}}, "differences": {name: {metric: paired statistics vs the reference (p-values raw
+    and ``_holm``, ``mdd``; on the primary metric ``p_tost*`` with a margin, and
+    ``verdict``)}}, "failed": [{name, run_id, error}]}``. ``margin``: the equivalence margin in
+    points of the primary metric (:func:`equivalence_margin` of the config), or None for no
+    TOST. Metric values are fractions (as PML reports them); the Markdown and CSV show percent.
     """
     metrics: list[str] = []
     run_ids: list[str] = []
@@ -71,7 +89,14 @@ def summarize(
     metrics.sort(key=metric_order)
     if reference is not None and reference not in results:
         raise ValueError(f"reference {reference!r} is not one of {list(results)}")
-    stats = statistics.describe_runs(ok, metrics, reference)
+    if margin is not None:  # the same check as the config's (ConfigError naming the key)
+        margin = equivalence_margin({"compare": {"equivalence_margin": margin}})
+    # TOST needs the primary metric among the measured ones (not so when every run failed).
+    equivalence = {primary: margin / 100} if margin is not None and primary in metrics else None
+    stats = statistics.describe_runs(ok, metrics, reference, equivalence)
+    for row in stats["differences"].values():
+        if primary in row:
+            row[primary]["verdict"] = verdict(row[primary], margin)
     rows = {}
     for name, by_run in results.items():
         row = dict(stats["stats"][name])
@@ -94,8 +119,15 @@ def summarize(
         "label": label,
         "metrics": metrics,
         "primary_metric": primary,
+        "equivalence_margin": margin,
         "reference": stats["reference"],
         "confidence": stats["confidence"],
+        "alpha": stats["alpha"],
+        "power": stats["power"],
+        "multiple_comparisons": (
+            "Holm, per metric over the rows' comparisons against the reference; t-test,"
+            " Wilcoxon and TOST p-values are separate families"
+        ),
         "unit": "fraction (0-1); the .md and .csv tables show percent",
         "run_ids": run_ids,
         "rows": rows,
@@ -122,7 +154,7 @@ def load_run_dirs(out_dir: str | Path) -> dict[str, dict[str, dict]]:
         name = m.get("name") or run_dir.parent.name
         found.setdefault(name, {})[run_dir.name] = m
     for by_run in found.values():
-        ordered = sorted(by_run, key=lambda r: (len(r), r))  # seed2 before seed10
+        ordered = sorted(by_run, key=lambda r: (len(r), r))  # seed2 before seed10, as _run_order
         by_run_sorted = {r: by_run[r] for r in ordered}
         by_run.clear()
         by_run.update(by_run_sorted)
@@ -139,16 +171,31 @@ def summarize_dir(out_dir: str | Path, reference: str | None = None, write: bool
     """Recompute the comparison tables of ``out_dir`` from its run folders (no training).
 
     Useful after changing the statistics or adding seeds: ``summarize_dir("runs/omniglot")``
-    rewrites ``comparison.md``/``.csv``/``summary.json`` and the plots.
+    rewrites ``comparison.md``/``.csv``/``summary.json`` and the plots. The primary metric and
+    the equivalence margin come from the saved ``config.yaml`` of the first method's first run
+    (as ``compare`` takes them from the first method's config).
     """
     out_dir = Path(out_dir)
     results = load_run_dirs(out_dir)
     if not results:
         raise FileNotFoundError(f"{out_dir}: no finished or failed runs (*/seed*/metrics.json)")
-    cfg_file = next(out_dir.glob("*/*/config.yaml"), None)
-    primary = primary_metric(load_yaml(cfg_file)) if cfg_file else DEFAULT_PRIMARY
-    summary = summarize(results, reference=reference, primary=primary)
+    config = _first_config(out_dir, next(iter(results)))
+    primary = primary_metric(config) if config else DEFAULT_PRIMARY
+    margin = equivalence_margin(config) if config else None
+    summary = summarize(results, reference=reference, primary=primary, margin=margin)
     summary["seeds"] = max(len(r) for r in results.values())
     if write:
         write_outputs(summary, results, out_dir)
     return summary
+
+
+def _first_config(out_dir: Path, name: str) -> dict | None:
+    """The saved config of ``name``'s first run folder (``OUT/<slug>/seed0``...; any run's when
+    that folder has none)."""
+    files = sorted((out_dir / slug(name)).glob("*/config.yaml"), key=lambda p: _run_order(p.parent))
+    files = files or sorted(out_dir.glob("*/*/config.yaml"))
+    return load_yaml(files[0]) if files else None
+
+
+def _run_order(run_dir: Path) -> tuple:
+    return (len(run_dir.name), run_dir.name)  # seed2 before seed10

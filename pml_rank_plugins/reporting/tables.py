@@ -2,8 +2,11 @@
 
 Each row: per metric the mean +- 95% CI half-width over the runs (Student t), the number of runs
 (failed ones counted), the wall time, and against the reference method the paired difference
-with its 95% CI and p-values (:mod:`.statistics`). A line under the table says that the wall
-time depends on ``--jobs`` and the machine's load.
+with its 95% CI, on the primary metric the raw and Holm-adjusted p-values (paired t-test,
+Wilcoxon), the Holm-adjusted TOST p-value when the config declares
+``compare.equivalence_margin``, the minimum detectable difference at 80% power (MDD) and the
+verdict (:func:`verdict`; all from :mod:`.statistics`). Notes under the tables say that the wall
+time depends on ``--jobs`` and the machine's load, and how to read the tests.
 """
 
 from __future__ import annotations
@@ -63,7 +66,6 @@ def _n_cell(row: dict) -> str:
 def markdown_table(summary: dict, label: str = "method") -> str:
     """Means with 95% CIs, then paired differences vs the reference, then failed runs."""
     metrics = summary["metrics"]
-    primary = summary.get("primary_metric", DEFAULT_PRIMARY)
     head = [label, "n"] + [metric_label(m) for m in metrics] + ["time/run (s)"]
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
     for name, row in summary["rows"].items():
@@ -88,26 +90,7 @@ def markdown_table(summary: dict, label: str = "method") -> str:
     ref = summary.get("reference")
     diffs = summary.get("differences") or {}
     if ref is not None and diffs:
-        pl = metric_label(primary)
-        head = [label, "n pairs"] + [f"Δ{metric_label(m)}" for m in metrics]
-        head += [f"p t-test ({pl})", f"p Wilcoxon ({pl})", f"{pl} vs {ref}"]
-        text += f"\nPaired differences vs **{ref}** (same seeds), in points of %:\n\n"
-        text += "| " + " | ".join(head) + " |\n| " + " | ".join(["---"] * len(head)) + " |\n"
-        for name, row in diffs.items():
-            d = row.get(primary)
-            cells = [name, str(d["n"]) if d else "0"]
-            cells += [statistics.format_difference(row.get(m)) for m in metrics]
-            cells += [
-                statistics.format_p(d and d["p_ttest"]),
-                statistics.format_p(d and d["p_wilcoxon"]),
-                verdict(d),
-            ]
-            text += "| " + " | ".join(cells) + " |\n"
-        text += (
-            "\nΔ = method − reference, mean ± 95% CI half-width of the paired differences; `*`: the"
-            " CI excludes 0. p: two-sided paired t-test (scipy.stats.ttest_rel) and Wilcoxon"
-            " signed-rank test (only when n >= 6).\n"
-        )
+        text += differences_table(summary, label)
     if summary.get("failed"):
         text += "\nFailed runs:\n\n"
         for f in summary["failed"]:
@@ -123,16 +106,95 @@ TIME_NOTE = (
 )
 
 
-def verdict(d: dict | None) -> str:
-    """``higher``/``lower`` when the 95% CI of the paired difference excludes 0, else
-    ``inconclusive`` (or ``n=1, no CI``)."""
+def differences_table(summary: dict, label: str = "method") -> str:
+    """The paired-differences table against the reference and its note (Markdown)."""
+    metrics = summary["metrics"]
+    primary = summary.get("primary_metric", DEFAULT_PRIMARY)
+    margin = summary.get("equivalence_margin")
+    ref = summary["reference"]
+    pl = metric_label(primary)
+    head = [label, "n pairs"] + [f"Δ{metric_label(m)}" for m in metrics]
+    head += [f"p t-test ({pl})", "t-test Holm", f"p Wilcoxon ({pl})", "Wilcoxon Holm"]
+    if margin is not None:
+        head += [f"TOST ±{_margin(margin)} Holm"]
+    head += [f"MDD ({pl})", f"{pl} vs {ref}"]
+    text = f"\nPaired differences vs **{ref}** (same seeds), in points of %:\n\n"
+    text += "| " + " | ".join(head) + " |\n| " + " | ".join(["---"] * len(head)) + " |\n"
+    diffs = summary["differences"]
+    for name, row in diffs.items():
+        d = row.get(primary)
+        cells = [name, str(d["n"]) if d else "0"]
+        cells += [statistics.format_difference(row.get(m)) for m in metrics]
+        keys = ["p_ttest", "p_ttest_holm", "p_wilcoxon", "p_wilcoxon_holm"]
+        keys += ["p_tost_holm"] if margin is not None else []
+        cells += [statistics.format_p(d.get(k) if d else None) for k in keys]
+        cells += [_points(d and d["mdd"]), verdict(d, margin)]
+        text += "| " + " | ".join(cells) + " |\n"
+    k = sum((row.get(primary) or {}).get("p_ttest") is not None for row in diffs.values())
+    text += (
+        "\nΔ = method − reference, mean ± 95% CI half-width of the paired differences; `*`: that"
+        " CI excludes 0 (one comparison on its own, not corrected for the others). p: two-sided"
+        " paired t-test (scipy.stats.ttest_rel) and Wilcoxon signed-rank test (only when n >= 6),"
+        f" raw and Holm-adjusted over the table's comparisons against {ref} ({k} for the t-test;"
+        " each test its own family; statsmodels multipletests). The verdict uses the Holm-adjusted t-test:"
+        f" higher/lower when it is below {statistics.ALPHA:g}. MDD: the smallest true difference"
+        f" the paired t-test detects with {statistics.POWER:.0%} power at that row's n and paired"
+        f" standard deviation (two-sided α = {statistics.ALPHA:g}, uncorrected; it shrinks about"
+        " as 1/√n): an inconclusive row whose MDD is larger than the differences that matter"
+        " needs more seeds.\n\n"
+    )
+    if margin is None:
+        text += (
+            "No equivalence test: the config declares no `compare.equivalence_margin` (points of"
+            f" {pl}), so no row can be called equivalent.\n"
+        )
+    else:
+        text += (
+            f"TOST: two one-sided paired t-tests of |Δ{pl}| >= {_margin(margin)} points (the config's"
+            " `compare.equivalence_margin`); a row's p is the larger of the two (both must"
+            " reject), Holm-adjusted over the table's rows like the t-test; \"equivalent within"
+            f' ±{_margin(margin)}" when it is below {statistics.ALPHA:g}.\n'
+        )
+    return text
+
+
+def verdict(d: dict | None, margin: float | None = None) -> str:
+    """The primary metric's verdict from a paired-difference record of
+    :func:`.statistics.describe_runs` (``margin``: the equivalence margin in points, or None).
+
+    ``higher``/``lower`` when the Holm-adjusted t-test p is below ``alpha`` (with ``, within
+    ±m`` when the Holm-adjusted TOST also passes: a real difference smaller than the margin),
+    ``equivalent within ±m`` when only the TOST passes, else ``inconclusive (MDD x.xx)``; ``n=1,
+    no test`` for a single pair and ``no test (Δ identical in every pair)`` for zero variance.
+    """
     if not d:
         return "-"
-    if d["ci_excludes_zero"] is None:
-        return f"n={d['n']}, no CI"
-    if not d["ci_excludes_zero"]:
-        return "inconclusive"
-    return "higher" if d["mean"] > 0 else "lower"
+    if d["n"] < 2:
+        return f"n={d['n']}, no test"
+    if d["p_ttest"] is None:
+        return "no test (Δ identical in every pair)"
+    alpha = statistics.ALPHA
+    equivalent = margin is not None and _below(d.get("p_tost_holm"), alpha)
+    if _below(d.get("p_ttest_holm"), alpha):
+        direction = "higher" if d["mean"] > 0 else "lower"
+        return direction + (f", within ±{_margin(margin)}" if equivalent else "")
+    if equivalent:
+        return f"equivalent within ±{_margin(margin)}"
+    return f"inconclusive (MDD {_points(d['mdd'])})"
+
+
+def _margin(margin: float) -> str:
+    """The margin as declared (``1.0``, ``0.25``)."""
+    return str(float(margin))
+
+
+def _below(p: float | None, alpha: float) -> bool:
+    return p is not None and p < alpha
+
+
+def _points(x: float | None) -> str:
+    """A fraction as points of %, two decimals (``"-"`` when undefined)."""
+    return "-" if x is None else f"{100 * x:.2f}"
 
 
 def _short(text: str, limit: int = 80) -> str:
@@ -162,14 +224,21 @@ def csv_header(metrics: Sequence[str], label: str = "method") -> list[str]:
             f"{m}_diff_ci95_high_pct",
             f"{m}_diff_n_pairs",
             f"{m}_diff_p_ttest",
+            f"{m}_diff_p_ttest_holm",
             f"{m}_diff_p_wilcoxon",
+            f"{m}_diff_p_wilcoxon_holm",
+            f"{m}_diff_mdd80_pct",
         ]
-    return cols + ["reference", "seconds_per_run", "errors"]
+    cols += ["equivalence_margin_pct", "p_tost_lower", "p_tost_upper", "p_tost", "p_tost_holm"]
+    return cols + ["verdict", "reference", "seconds_per_run", "errors"]
 
 
 def write_csv(summary: dict, path: Path, label: str = "method") -> None:
-    """One row per method; metric columns in percent (``_pct``), p-values as fractions."""
+    """One row per method; metric columns in percent (``_pct``), p-values as fractions. The TOST
+    and verdict columns are the primary metric's; the TOST ones are empty without a margin."""
     metrics = summary["metrics"]
+    primary = summary.get("primary_metric", DEFAULT_PRIMARY)
+    margin = summary.get("equivalence_margin")
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(csv_header(metrics, label))
@@ -190,8 +259,16 @@ def write_csv(summary: dict, path: Path, label: str = "method") -> None:
                     _pct(d.get("ci_high")),
                     d.get("n", ""),
                     _num(d.get("p_ttest")),
+                    _num(d.get("p_ttest_holm")),
                     _num(d.get("p_wilcoxon")),
+                    _num(d.get("p_wilcoxon_holm")),
+                    _pct(d.get("mdd")),
                 ]
+            d = d_row.get(primary)
+            cells.append("" if margin is None else _num(margin))
+            tost = ("p_tost_lower", "p_tost_upper", "p_tost", "p_tost_holm")
+            cells += [_num((d or {}).get(k)) for k in tost]
+            cells.append(verdict(d, margin) if d else "")
             secs = row["seconds"]["mean"]
             errors = "; ".join(f"{r}: {e}" for r, e in row["failed"].items())
             cells += [summary.get("reference") or "", "" if secs is None else f"{secs:.2f}", errors]

@@ -12,6 +12,7 @@ from pml_rank_plugins.experiment.schema import (
     apply_set,
     deep_merge,
     dump_yaml,
+    equivalence_margin,
     expand_methods,
     is_object_spec,
     load_config,
@@ -192,3 +193,36 @@ def test_pml_cross_batch_memory_with_our_loss_points_to_ours():
     assert type(builder.build_object(cfg["loss_funcs"]["metric_loss"], "m")).__module__.startswith(
         "pml_rank_plugins"
     )
+
+
+def test_compare_section_declares_the_equivalence_margin(tmp_path):
+    assert equivalence_margin(tiny_config()) is None  # no section: no equivalence test
+    cfg = validate(tiny_config(compare={"equivalence_margin": 1.0}))
+    assert equivalence_margin(cfg) == 1.0
+    assert equivalence_margin(tiny_config(compare={"equivalence_margin": 2})) == 2.0  # int points
+    assert equivalence_margin(tiny_config(compare={"equivalence_margin": None})) is None
+    # From the command line (--set values are YAML) and from a file, for every method.
+    path = tmp_path / "c.yaml"
+    dump_yaml({**tiny_config(), "methods": {"A": {}, "B": {"seed": 1}}}, path)
+    configs = load_config(path, ["compare.equivalence_margin=0.5"])
+    assert [equivalence_margin(c) for c in configs.values()] == [0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    "value", [0, 0.0, -1.0, "1.0", "abc", True, False, float("inf"), float("nan"), [1.0]]
+)
+def test_equivalence_margin_must_be_a_positive_finite_number(value):
+    with pytest.raises(ConfigError, match=r"compare\.equivalence_margin: expected a positive"):
+        validate(tiny_config(compare={"equivalence_margin": value}))
+
+
+def test_compare_section_shape_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"compare: unknown key\(s\) \['equivalence'\]"):
+        validate(tiny_config(compare={"equivalence": 1.0}))
+    with pytest.raises(ConfigError, match="compare: expected a mapping"):
+        validate(tiny_config(compare=1.0))
+    path = tmp_path / "c.yaml"
+    dump_yaml(tiny_config(), path)
+    for bad in ("compare.equivalence_margin=0", "compare.equivalence_margin=.inf"):
+        with pytest.raises(ConfigError, match=r"compare\.equivalence_margin"):
+            load_config(path, [bad])

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
+from scipy import stats
 
 from pml_rank_plugins.reporting import statistics as st
 
@@ -105,3 +107,147 @@ def test_format_marks_differences_whose_interval_excludes_zero():
     assert not st.format_difference(inconclusive).endswith("*")
     assert st.format_p(0.002833) == "0.003" and st.format_p(1.2e-5) == "1.2e-05"
     assert st.format_p(None) == "-"
+
+
+# --------------------------------------------------------------------------- Holm
+
+
+def _holm_loop(ps: list[float]) -> list[float]:
+    """Holm (1979) from its definition: sort ascending, p~_(i) = min(1, max_{j<=i} (k-j+1) p_(j))."""
+    k = len(ps)
+    order = sorted(range(k), key=lambda i: ps[i])
+    out = [0.0] * k
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, (k - rank) * ps[i])
+        out[i] = min(1.0, running)
+    return out
+
+
+def test_holm_by_hand():
+    # Sorted: 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1 = 0.04 -> raised to 0.06).
+    assert st.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06], abs=1e-15)
+    # Untested comparisons (None) stay None and do not enlarge the family.
+    assert st.holm([0.01, None, 0.04, 0.03]) == pytest.approx([0.03, None, 0.06, 0.06])
+    assert st.holm([0.5, 0.6]) == [1.0, 1.0]  # capped at 1
+    assert st.holm([0.02]) == [0.02]  # a family of one is not adjusted
+    assert st.holm([]) == [] and st.holm([None]) == [None]
+
+
+def test_holm_matches_the_definition_on_random_families():
+    rng = np.random.default_rng(3)
+    for k in (2, 5, 8):
+        ps = list(rng.uniform(0, 0.2, size=k))
+        assert st.holm(ps) == pytest.approx(_holm_loop(ps), abs=1e-15)
+
+
+# --------------------------------------------------------------------------- TOST
+
+
+def test_tost_sleep_data_by_hand_from_t_quantiles():
+    # d = drug1 - drug2: mean -1.58, sd 1.229995 (R: sd(sleep$extra[1:10] - sleep$extra[11:20])),
+    # se = sd / sqrt(10) = 0.388959. Lower test: t = (mean + m) / se against T_9, upper test:
+    # t = (mean - m) / se. Equivalence at 5% <=> the 90% CI mean +- t_{0.95, 9} se lies inside
+    # (-m, m); t_{0.95, 9} = 1.833113 (t table), so the 90% CI is [-2.293, -0.867].
+    se = 1.229995 / math.sqrt(10)
+    ci90 = (-1.58 - 1.833113 * se, -1.58 + 1.833113 * se)
+    assert ci90[0] == pytest.approx(-2.2930, abs=5e-4)
+    inside = st.tost(DRUG1, DRUG2, 2.5)  # -2.293 > -2.5: equivalent within 2.5 hours
+    assert inside["p_tost_lower"] == pytest.approx(stats.t.sf((-1.58 + 2.5) / se, 9), rel=1e-5)
+    assert inside["p_tost_upper"] == pytest.approx(stats.t.cdf((-1.58 - 2.5) / se, 9), rel=1e-5)
+    assert inside["p_tost"] == inside["p_tost_lower"] < 0.05
+    assert inside["p_tost_lower"] == pytest.approx(0.0210, abs=5e-4)  # P(T_9 > 2.3653)
+    outside = st.tost(DRUG1, DRUG2, 2.2)  # -2.293 < -2.2: not shown equivalent
+    assert outside["p_tost"] == pytest.approx(stats.t.sf((-1.58 + 2.2) / se, 9), rel=1e-5)
+    assert outside["p_tost"] > 0.05
+    assert outside["equivalence_margin"] == 2.2
+
+
+def test_tost_agrees_with_the_90_percent_interval_rule():
+    rng = np.random.default_rng(7)
+    tq = 1.833113  # t_{0.95, 9}
+    for _ in range(50):
+        ref = rng.normal(0.5, 0.05, 10)
+        x = ref + rng.normal(rng.uniform(-0.02, 0.02), 0.01, 10)
+        d = x - ref
+        half = tq * d.std(ddof=1) / math.sqrt(10)
+        inside = -0.015 < d.mean() - half and d.mean() + half < 0.015
+        assert (st.tost(x, ref, 0.015)["p_tost"] < 0.05) == inside
+
+
+def test_tost_undefined_and_bad_margins():
+    same = st.tost([0.5, 0.6], [0.4, 0.5], 0.2)  # identical differences: no t statistic
+    assert same["p_tost"] is None and same["p_tost_lower"] is None
+    assert st.tost([0.5], [0.4], 0.2)["p_tost"] is None  # one pair
+    for bad in (0, -1.0, float("inf"), float("nan"), "1", True, None):
+        with pytest.raises(ValueError, match="margin"):
+            st.tost([0.5, 0.6, 0.7], [0.4, 0.6, 0.6], bad)
+    with pytest.raises(ValueError, match="1-D"):
+        st.tost([0.5, 0.6], [0.4], 0.1)
+
+
+# --------------------------------------------------------------------------- MDD
+
+
+def _power(delta: float, n: int, alpha: float = 0.05) -> float:
+    """Two-sided paired t-test power from the noncentral t (scipy.stats.nct), written here."""
+    crit = stats.t.ppf(1 - alpha / 2, n - 1)
+    nc = delta * math.sqrt(n)
+    return float(stats.nct.sf(crit, n - 1, nc) + stats.nct.cdf(-crit, n - 1, nc))
+
+
+def test_detectable_difference_solves_the_noncentral_t_power_equation():
+    for n in (2, 3, 5, 10, 30):
+        mdd = st.detectable_difference(n, 0.02)
+        assert _power(mdd / 0.02, n) == pytest.approx(0.8, abs=1e-6), n
+    # G*Power, matched pairs, two-tailed, alpha .05, power .80, n = 10: effect size dz = 0.9959.
+    assert st.detectable_difference(10, 1.0) == pytest.approx(0.9959, abs=5e-4)
+    # Large n: the normal approximation (z_{0.975} + z_{0.8}) / sqrt(n) = 2.8016 / sqrt(n); the
+    # t-test needs slightly more (0.24% at n = 400, the t quantile's excess over z).
+    large = st.detectable_difference(400, 1.0)
+    assert 2.8016 / 20 < large < 1.004 * 2.8016 / 20
+    assert st.detectable_difference(10, 1.0, power=0.9) > st.detectable_difference(10, 1.0)
+    assert st.detectable_difference(1, 0.02) is None
+    assert st.detectable_difference(5, None) is None
+    assert st.detectable_difference(5, 0.0) == 0.0
+
+
+def test_detectable_difference_by_simulation():
+    # 20000 experiments of n = 6 pairs whose differences are N(mdd, s^2): the two-sided paired
+    # t-test at 5% rejects in 80% of them (binomial sd 0.0028).
+    n, s = 6, 0.013
+    mdd = st.detectable_difference(n, s)
+    d = np.random.default_rng(11).normal(mdd, s, size=(20000, n))
+    t = d.mean(1) / (d.std(1, ddof=1) / math.sqrt(n))
+    rejected = np.abs(t) > stats.t.ppf(0.975, n - 1)
+    assert rejected.mean() == pytest.approx(0.8, abs=0.012)
+    assert st.paired_difference(list(d[0]), [0.0] * n)["mdd"] == pytest.approx(
+        st.detectable_difference(n, float(d[0].std(ddof=1))), rel=1e-12
+    )
+
+
+# --------------------------------------------------------------------------- across a table
+
+
+def test_describe_runs_adjusts_each_metric_and_test_as_its_own_family():
+    rng = np.random.default_rng(5)
+    ref = rng.normal(0.5, 0.02, 8)
+    runs = {"ref": {f"seed{i}": {"a": ref[i], "b": 0.3 + ref[i]} for i in range(8)}}
+    for j, shift in enumerate((0.001, 0.01, 0.004)):
+        x = ref + shift + rng.normal(0, 0.01, 8)
+        runs[f"m{j}"] = {f"seed{i}": {"a": x[i], "b": 0.3 + x[i] + 0.01 * j} for i in range(8)}
+    out = st.describe_runs(runs, ["a", "b"], equivalence={"a": 0.02})
+    assert out["alpha"] == 0.05 and out["power"] == 0.8
+    for metric in ("a", "b"):
+        rows = [out["differences"][m][metric] for m in ("m0", "m1", "m2")]
+        for key in ("p_ttest", "p_wilcoxon"):
+            expected = _holm_loop([r[key] for r in rows])
+            assert [r[f"{key}_holm"] for r in rows] == pytest.approx(expected, abs=1e-15)
+    rows = [out["differences"][m]["a"] for m in ("m0", "m1", "m2")]
+    assert [r["p_tost_holm"] for r in rows] == pytest.approx(
+        _holm_loop([r["p_tost"] for r in rows]), abs=1e-15
+    )
+    assert rows[0]["equivalence_margin"] == 0.02
+    assert "p_tost" not in out["differences"]["m0"]["b"]  # TOST only where a margin is given
+    with pytest.raises(ValueError, match="not among the metrics"):
+        st.describe_runs(runs, ["a"], equivalence={"c": 0.01})
