@@ -3,7 +3,12 @@
 Every (method, seed) is an ordinary :func:`.runner.train` run in ``OUT/<method>/seed<i>``.
 :func:`execute` runs a list of :class:`Job` in this process or in ``K`` ``spawn`` worker processes;
 a run that raises (crash, non-finite loss, a bad object) is recorded in ``RUN_DIR/failed.json``
-and returned as a failure record (:func:`is_failed`), and the other runs complete.
+and returned as a failure record (:func:`is_failed`), and the other runs complete. Each run holds
+its folder's lock from before its first write to after its last, so a run whose folder another
+live process uses (two ``compare`` on one ``--out``) is *refused* (:func:`is_refused`: not
+failed, nothing written or removed there), and a ``failed.json`` is only ever written or removed
+by the run that holds the folder. Every run folder stays inside ``--out``
+(:func:`.run_folder.inside`).
 
 Console: every log line of a run starts with its name (``[plugin FastAP seed1] epoch 3/6 ...``);
 ``spawn`` workers send their log records to the parent, which prints them through its own
@@ -24,6 +29,7 @@ import logging.handlers
 import multiprocessing as mp
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -37,7 +43,7 @@ import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..experiment import registry
-from ..experiment.methods import slug
+from ..experiment.methods import check_folders, slug
 from . import distributed, run_folder, runner
 
 LOGGER = logging.getLogger(__name__)
@@ -50,26 +56,51 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 @dataclass
 class Job:
-    """One training run: ``name`` (method or sweep cell), ``run_id`` (``seed<i>``), config."""
+    """One training run: ``name`` (method or sweep cell), ``run_id`` (``seed<i>``), config, its
+    folder, and the ``--out`` that folder must stay inside (``None``: not checked)."""
 
     name: str
     run_id: str
     config: dict
     run_dir: Path
+    out_dir: Path | None = None
 
 
 def make_jobs(configs: Mapping[str, dict], out_dir: Path, seeds: int) -> list[Job]:
-    """Seeds ``seed, seed+1, ...`` (the config's ``seed`` plus the run index) for every config."""
+    """Seeds ``seed, seed+1, ...`` (the config's ``seed`` plus the run index) for every config.
+
+    Every run folder is ``OUT/<slug(name)>/seed<i>`` and must resolve inside ``out_dir``
+    (:func:`.run_folder.inside`).
+
+    Raises:
+        ConfigError: a name whose folder would not be one (empty, ``..``) or two names with one
+            folder (:func:`.methods.check_folders`; sweep cells like ``path=a/b`` are slugged).
+        UnsafeRunFolder: a run folder resolves outside ``out_dir`` (a symbolic link in ``OUT``).
+    """
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    out_dir = Path(out_dir)
+    check_folders(configs, kind="run", strict=False)
     jobs = []
     for name, base in configs.items():
         for i in range(seeds):
             cfg = copy.deepcopy(base)
             cfg["seed"] = int(cfg.get("seed", 0)) + i
             cfg["name"] = name
-            jobs.append(Job(name, f"seed{i}", cfg, out_dir / slug(name) / f"seed{i}"))
+            job = Job(name, f"seed{i}", cfg, out_dir / slug(name) / f"seed{i}", out_dir)
+            _check_inside(job)
+            jobs.append(job)
     return jobs
+
+
+def _check_inside(job: Job) -> None:
+    """Raise :class:`.run_folder.UnsafeRunFolder` when the job's folder leaves its ``--out``."""
+    if job.out_dir is not None and not run_folder.inside(job.out_dir, job.run_dir):
+        raise run_folder.UnsafeRunFolder(
+            f"{job.run_dir} resolves to {job.run_dir.resolve()}, outside --out "
+            f"{job.out_dir.resolve()} (a symbolic link on the way?); remove the link or give "
+            "another --out"
+        )
 
 
 _WORKER_SLOT: int | None = None
@@ -241,22 +272,77 @@ def job_device(config: dict, device: str | None, slot: int | None) -> str | None
     return f"cuda:{slot % torch.cuda.device_count()}"
 
 
+def refused_record(job: Job, error: BaseException) -> dict:
+    """The result of a run that did not start because its folder could not be used (busy with
+    another live run, a symbolic link, outside ``--out``); nothing was written for it."""
+    return {
+        "refused": True,
+        "name": job.name,
+        "run_id": job.run_id,
+        "error": f"{type(error).__name__}: {error}".strip(),
+    }
+
+
 def run_job(job: Job, resume: bool, device: str | None = None, overwrite: bool = False) -> dict:
     """Train one job (or reuse its finished ``metrics.json`` with ``resume``); never raises for a
-    failing run: returns ``{"failed": True, "error": ..., "traceback": ...}`` and writes it to
-    ``RUN_DIR/failed.json``."""
+    failing run: returns ``{"failed": True, "error": ..., "traceback": ..., "writer": {pid,
+    host}}`` and writes it to ``RUN_DIR/failed.json``.
+
+    The run folder's lock (:func:`.run_folder.lock`) is held for the whole call, so everything
+    written or removed here -- a stale ``failed.json`` of an earlier attempt, the run, its
+    failure record -- happens in a folder no other live run uses. A folder that is busy (another
+    live run holds it), a symbolic link or outside ``--out`` gives :func:`refused_record`, and
+    nothing is written into it or removed from it.
+    """
     run_dir = job.run_dir
-    done = run_dir / "metrics.json"
-    if resume and done.exists():
-        metrics = json.loads(done.read_text())
-        if metrics.get("status") != "failed":  # runner.train records failures there too
-            return metrics
+    try:
+        _check_inside(job)
+    except run_folder.UnsafeRunFolder as e:
+        return _refused(job, e)
     main = distributed.is_main_process()  # under torchrun every rank trains, rank 0 writes
-    # A fresh run never wipes an earlier one silently: :func:`execute` refused already unless
-    # ``overwrite``, and then ``runner.train`` removes only the run's own outputs.
-    if main:
-        (run_dir / FAILED_FILE).unlink(missing_ok=True)
-    distributed.barrier()
+    with contextlib.ExitStack() as stack:
+        holding = False
+        if main:
+            try:
+                stack.enter_context(run_folder.lock(run_dir, nested=True))
+                holding = True
+            except (run_folder.RunFolderBusy, run_folder.UnsafeRunFolder) as e:
+                if not distributed.launched_by_torchrun():
+                    return _refused(job, e)
+                # torchrun: runner.train raises the same refusal on every rank (caught below)
+        done = run_dir / "metrics.json"
+        if resume and done.exists():
+            metrics = json.loads(done.read_text())
+            if metrics.get("status") != "failed":  # runner.train records failures there too
+                if holding:  # a finished run: a failure record beside it is an earlier attempt's
+                    (run_dir / FAILED_FILE).unlink(missing_ok=True)
+                return metrics
+        # A fresh run never wipes an earlier one silently: :func:`execute` refused already unless
+        # ``overwrite``, and then ``runner.train`` removes only the run's own outputs.
+        alone = holding and not distributed.launched_by_torchrun()  # ranks must stay in step
+        found = run_folder.describe_run(run_dir) if alone and not resume else None
+        if found is not None and not overwrite:  # written since execute() looked: another
+            return _refused(  # command's run, which a failure record here would misreport
+                job,
+                run_folder.RunFolderError(
+                    f"{run_dir} now holds {found}, written by another process since this command "
+                    "started; pass --resume to reuse it"
+                ),
+            )
+        if holding:
+            (run_dir / FAILED_FILE).unlink(missing_ok=True)
+        distributed.barrier()
+        return _train_job(job, resume, device, overwrite, holding)
+
+
+def _refused(job: Job, error: BaseException) -> dict:
+    LOGGER.error("run %s/%s refused: %s", job.name, job.run_id, error)
+    return refused_record(job, error)
+
+
+def _train_job(job: Job, resume: bool, device: str | None, overwrite: bool, holding: bool) -> dict:
+    """Train ``job`` (its folder locked by this thread when ``holding``); failures recorded."""
+    run_dir = job.run_dir
     t0 = time.perf_counter()
     try:
         dev = job_device(job.config, device, _WORKER_SLOT)
@@ -266,6 +352,8 @@ def run_job(job: Job, resume: bool, device: str | None = None, overwrite: bool =
             )
     except distributed.RankTimeoutError:
         raise  # under torchrun a silent rank stops every run on every rank, not just this one
+    except (run_folder.RunFolderBusy, run_folder.UnsafeRunFolder) as e:
+        return _refused(job, e)  # torchrun: rank 0 could not lock; nothing was written
     except Exception as e:  # noqa: BLE001 -- isolate any failure of one run (reported below)
         record = {
             "failed": True,
@@ -274,15 +362,15 @@ def run_job(job: Job, resume: bool, device: str | None = None, overwrite: bool =
             "error": f"{type(e).__name__}: {e}".strip(),
             "traceback": traceback.format_exc(),
             "wall_seconds": time.perf_counter() - t0,
+            "writer": {"pid": os.getpid(), "host": socket.gethostname()},
         }
         LOGGER.error("run %s/%s failed: %s", job.name, job.run_id, record["error"])
-        if main:
-            run_dir.mkdir(parents=True, exist_ok=True)
+        if holding:
             run_folder.write_text(run_dir / FAILED_FILE, json.dumps(record, indent=2))
         return record
     metrics["wall_seconds"] = time.perf_counter() - t0
-    if main:
-        run_folder.write_text(done, json.dumps(metrics, indent=2))
+    if holding:
+        run_folder.write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
     distributed.barrier()
     return metrics
 
@@ -299,7 +387,9 @@ def execute(
 
     Without ``resume`` or ``overwrite``, run folders that already hold a run's outputs are refused
     before anything trains (:class:`~.run_folder.RunFolderError` listing them); ``overwrite``
-    replaces those outputs, ``resume`` reuses finished runs and continues the others.
+    replaces those outputs, ``resume`` reuses finished runs (removing a stale ``failed.json``
+    beside a finished ``metrics.json``) and continues the others. A run whose folder is in use by
+    another live process, or unsafe, is returned as a :func:`refused_record` (:func:`is_refused`).
 
     ``n_jobs > 1`` runs them in that many ``spawn`` worker processes (each with the parent's
     torch thread count and registered names, so results equal a sequential run); worker ``k``
@@ -385,3 +475,9 @@ def _collect(futures: dict, results: dict, bar: dict) -> None:
 def is_failed(m: dict) -> bool:
     """A failure record of :func:`run_job` or a ``metrics.json`` the runner marked failed."""
     return bool(m.get("failed")) or m.get("status") == "failed"
+
+
+def is_refused(m: dict) -> bool:
+    """A run that never started because its folder could not be used (:func:`refused_record`):
+    neither finished nor failed, and nothing of it is on disk."""
+    return bool(m.get("refused"))

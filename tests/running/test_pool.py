@@ -1,20 +1,24 @@
 """The console of many runs (issue 21 item 4): run-labelled log lines from ``--jobs`` workers,
-no worker progress bars, repeated lines folded into one with a count."""
+no worker progress bars, repeated lines folded into one with a count. Run folders inside
+``--out`` and refused runs that touch nothing (issue 28 items 1, 5)."""
 
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from pml_rank_plugins.experiment.schema import dump_yaml
-from pml_rank_plugins.running import pool
+from pml_rank_plugins.experiment.schema import ConfigError, dump_yaml
+from pml_rank_plugins.running import pool, run_folder
+from pml_rank_plugins.running.run_folder import UnsafeRunFolder
 from tests.tiny import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,3 +91,103 @@ def test_jobs_2_prints_every_runs_epoch_lines_and_no_worker_bars(tmp_path):
     # PML's warning, once per run in the workers, is printed once with the count
     assert out.count('optimizers is missing "embedder_optimizer"') == 2
     assert 'optimizers is missing "embedder_optimizer" (repeated 4 times, shown once)' in out
+
+
+# --------------------------------------------------------------------------- issue 28 items 1, 5
+
+
+def one_epoch(**kw):
+    return tiny_config(trainer={"MetricLossOnly": {"num_epochs": 1}}, **kw)
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file below ``folder`` with its bytes and modification time (ns)."""
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+def test_make_jobs_keeps_every_run_folder_inside_out(tmp_path):
+    out = tmp_path / "out"
+    jobs = pool.make_jobs({"A": one_epoch(), "B c": one_epoch()}, out, seeds=2)
+    assert [j.run_dir for j in jobs] == [out / "A" / "seed0", out / "A" / "seed1",
+                                         out / "B_c" / "seed0", out / "B_c" / "seed1"]  # fmt: skip
+    assert all(j.out_dir == out for j in jobs)
+    with pytest.raises(ConfigError, match="^run '..': not a safe run folder name"):
+        pool.make_jobs({"..": one_epoch()}, out, seeds=1)
+    with pytest.raises(ConfigError, match="runs 'x=a/b' and 'x=a b' both map"):  # sweep cells
+        pool.make_jobs({"x=a/b": one_epoch(), "x=a b": one_epoch()}, out, seeds=1)
+    out.mkdir()
+    (out / "A").symlink_to(tmp_path)  # e.g. a run folder received from someone else
+    with pytest.raises(UnsafeRunFolder, match=rf"{out / 'A' / 'seed0'} resolves to .*outside"):
+        pool.make_jobs({"A": one_epoch()}, out, seeds=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_run_job_outside_out_is_refused_and_creates_nothing(tmp_path):
+    out = tmp_path / "out"
+    (job,) = pool.make_jobs({"A": one_epoch()}, out, seeds=1)
+    out.mkdir()
+    (out / "A").symlink_to(tmp_path)  # swapped in after make_jobs
+    rec = pool.run_job(job, resume=False)
+    assert pool.is_refused(rec) and not pool.is_failed(rec)
+    assert "outside --out" in rec["error"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["fresh", "resume"])
+def test_busy_folder_is_refused_and_nothing_written_or_removed(tmp_path, resume):
+    (job,) = pool.make_jobs({"A": one_epoch()}, tmp_path / "out", seeds=1)
+    job.run_dir.mkdir(parents=True)
+    (job.run_dir / pool.FAILED_FILE).write_text('{"failed": true, "error": "theirs"}')
+    with run_folder.lock(job.run_dir):  # another live run (flock: another open file)
+        before = snapshot(job.run_dir)
+        rec = pool.run_job(job, resume=resume)
+        assert snapshot(job.run_dir) == before
+    assert pool.is_refused(rec) and not pool.is_failed(rec)
+    assert rec["error"].startswith(f"RunFolderBusy: {job.run_dir} is in use by another run")
+    assert set(rec) == {"refused", "name", "run_id", "error"}
+
+
+def test_failure_record_names_its_writer_and_resume_clears_only_under_the_lock(tmp_path):
+    bad = one_epoch(optimizers={"trunk_optimizer": {"Adam": {"lr": -1.0}}})  # Adam refuses
+    (job,) = pool.make_jobs({"A": bad}, tmp_path / "out", seeds=1)
+    rec = pool.run_job(job, resume=False)
+    assert pool.is_failed(rec) and "Invalid learning rate" in rec["error"]
+    on_disk = json.loads((job.run_dir / pool.FAILED_FILE).read_text())
+    assert on_disk["writer"] == {"pid": os.getpid(), "host": socket.gethostname()}
+    # --resume retries the failed run: the record goes once this command holds the folder
+    job.config = one_epoch(name="A")
+    m = pool.run_job(job, resume=True)
+    assert m["status"] == "finished" and not (job.run_dir / pool.FAILED_FILE).exists()
+
+
+def test_resume_removes_a_stale_failure_record_beside_a_finished_run(tmp_path):
+    (job,) = pool.make_jobs({"A": one_epoch()}, tmp_path / "out", seeds=1)
+    m = pool.run_job(job, resume=False)
+    assert m["status"] == "finished"
+    stale = job.run_dir / pool.FAILED_FILE  # e.g. written by a refused run of an older version
+    stale.write_text(json.dumps({"failed": True, "error": "RunFolderBusy: ..."}))
+    with run_folder.lock(job.run_dir):  # busy: --resume leaves it alone
+        assert pool.is_refused(pool.run_job(job, resume=True)) and stale.exists()
+    again = pool.run_job(job, resume=True)
+    assert again["test"] == m["test"] and not stale.exists()
+
+
+def test_folder_filled_by_another_command_meanwhile_is_refused_not_failed(tmp_path):
+    (job,) = pool.make_jobs({"A": one_epoch()}, tmp_path / "out", seeds=1)
+    assert pool.run_job(job, resume=False)["status"] == "finished"  # "the other command"
+    before = snapshot(job.run_dir)
+    rec = pool.run_job(job, resume=False)  # execute() had seen an empty folder
+    assert pool.is_refused(rec) and "now holds a finished run" in rec["error"]
+    lock_file = job.run_dir / run_folder.LOCK_NAME  # taking the lock writes our pid there
+    assert {p: v for p, v in snapshot(job.run_dir).items() if p != lock_file} == {
+        p: v for p, v in before.items() if p != lock_file
+    }
+
+
+def test_execute_returns_refused_records_and_runs_the_others(tmp_path):
+    jobs = pool.make_jobs({"A": one_epoch(), "B": one_epoch()}, tmp_path / "out", seeds=1)
+    with run_folder.lock(jobs[0].run_dir):
+        results = pool.execute(jobs, resume=False)
+    assert pool.is_refused(results["A"]["seed0"])
+    assert results["B"]["seed0"]["status"] == "finished"
+    assert sorted(p.name for p in jobs[0].run_dir.iterdir()) == [".lock"]
