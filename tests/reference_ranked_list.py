@@ -142,13 +142,14 @@ def reference_caffe_v12_gradient(x, labels, margin=0.4, Tn=10.0, Tp=0.0):
     features ``x`` (``(N, D)``, the layer's input: already L2-normalized), pair by pair.
 
     Its facts, restated: boundaries 1 - m/2 (positives) and 1 + m/2 (negatives); over unordered
-    pairs (a, b), a < b, the pair weight is base^(T v) with base e here (the layer's default is
-    2.71828), v = d - (1 - m/2) with T = Tp for a same-label pair, v = (1 + m/2) - d with T = Tn
-    otherwise, and 0 when v <= 0; S+_i / S-_i sum the positive / negative weights of the pairs
-    touching i; W = sum_i (S+_i + S-_i). Each end e of a pair gets
-    0.5 w / S^{sign}_e * (S+_e + S-_e) / W times the pair's unit gradient, +-(x_e - x_other) / d
-    (+ for positives: pull together; - for negatives: push apart). The layer's 1e-8 added to
-    each sum and 1e-6 to d are left out. Returns a float64 ``(N, D)`` tensor.
+    pairs (a, b), a < b, the pair weight is base^(T v), base e here (the released configs leave
+    the layer's base at its default, recorded as 2.71828), v = d - (1 - m/2) with T = Tp for a
+    same-label pair, v = (1 + m/2) - d with T = Tn otherwise, and 0 when v <= 0; S+_i / S-_i
+    sum the positive / negative weights of the pairs touching i; W = sum_i (S+_i + S-_i). Each
+    end e of a pair gets 0.5 w / S^{sign}_e * (S+_e + S-_e) / W times the pair's unit gradient,
+    +-(x_e - x_other) / d (+ for positives: pull together; - for negatives: push apart). The
+    layer's 1e-8 added to each sum and 1e-6 to d are left out. Returns a float64 ``(N, D)``
+    tensor.
     """
     x = x.detach().double()
     n = len(x)

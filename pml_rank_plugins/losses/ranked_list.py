@@ -116,11 +116,13 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
 
     float16 gradient range: the gradient is computed in float32 and cast back to the embeddings'
     dtype, so with float16 embeddings (e.g. the output of a float16 layer under autocast) an
-    entry above float16's largest value, 65504, becomes ``inf`` (never NaN) while the float32
-    loss stays finite: the overflow signal ``torch.amp.GradScaler`` handles by skipping the step
-    and lowering its scale. An entry is at most about ``(lam_pos + lam) / (N ||x||)`` (default
-    mean reduction over ``N`` queries, ``gallery_gradient=False``, ``||x||`` the raw row norm; the
-    mined weights of a list sum to 1 and a unit-normalized distance moves by at most
+    entry above float16's largest value, 65504, becomes ``inf`` (never NaN): the overflow signal
+    ``torch.amp.GradScaler`` handles by skipping the step and lowering its scale. (The loss value
+    is rounded to float16 after the float32 computation and reduction, and that rounding does not
+    enter the gradient: a value above 65504, e.g. at ``lam = 1e10``, is ``inf`` while the
+    gradient is the float32 one, cast.) An entry is at most about ``(lam_pos + lam) / (N ||x||)``
+    (default mean reduction over ``N`` queries, ``gallery_gradient=False``, ``||x||`` the raw row
+    norm; the mined weights of a list sum to 1 and a unit-normalized distance moves by at most
     ``1 / ||x||``), times a GradScaler's scale. Measured at ``N = 32``, ``||x|| ~ 1``: largest
     entry ``0.038 lam``, float16 gradients finite up to ``lam = 1.5e6``, inf from ``lam = 2e6``
     (the audit's ``lam = 1e10``: inf). Computing in float32 already happens; the value itself is
