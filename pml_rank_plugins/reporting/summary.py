@@ -34,8 +34,6 @@ from .tables import (
     write_csv,
 )
 
-__all__ = ["equivalence_margin", "primary_metric", "summarize", "summarize_dir", "write_outputs"]
-
 
 def primary_metric(config: dict) -> str:
     """The config's ``eval.primary_metric`` (default MAP@R)."""

@@ -1,0 +1,72 @@
+"""``summarize_dir``: the tables recomputed from run folders alone carry the same Holm, TOST and
+MDD columns as ``summarize`` with the saved config's margin; a bad margin on the command line is
+exit 2 naming the key before anything trains."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pml_rank_plugins.cli import main
+from pml_rank_plugins.experiment.schema import dump_yaml
+from pml_rank_plugins.reporting.summary import summarize, summarize_dir
+from pml_rank_plugins.reporting.tables import markdown_table
+from tests.tiny import tiny_config
+
+MAPR = "mean_average_precision_at_r"
+VALUES = {
+    "ref": [0.50, 0.52, 0.49, 0.51, 0.53, 0.50],
+    "close": [0.501, 0.519, 0.492, 0.509, 0.531, 0.502],
+    "better": [0.53, 0.55, 0.50, 0.55, 0.56, 0.52],
+}
+
+
+def _write_runs(out, margin) -> dict:
+    """``OUT/<name>/seed<i>/{config.yaml, metrics.json}`` as ``compare`` leaves them."""
+    results = {}
+    for name, vals in VALUES.items():
+        results[name] = {}
+        for i, v in enumerate(vals):
+            cfg = tiny_config(name=name, seed=i)
+            if margin is not None:
+                cfg["compare"] = {"equivalence_margin": margin}
+            m = {"name": name, "status": "finished", "test": {"test": {MAPR: v}}}
+            m["wall_seconds"] = 1.0
+            run = out / name / f"seed{i}"
+            run.mkdir(parents=True)
+            dump_yaml(cfg, run / "config.yaml")
+            (run / "metrics.json").write_text(json.dumps(m))
+            results[name][f"seed{i}"] = m
+    return results
+
+
+@pytest.mark.parametrize("margin", [None, 0.5])
+def test_summarize_dir_reads_the_margin_from_the_saved_config(tmp_path, margin):
+    results = _write_runs(tmp_path, margin)
+    again = summarize_dir(tmp_path, reference="ref")
+    ordered = {n: results[n] for n in sorted(results)}  # run folders without summary.json
+    direct = summarize(ordered, reference="ref", margin=margin)
+    assert again["equivalence_margin"] == margin
+    assert again["differences"] == direct["differences"]
+    md = (tmp_path / "comparison.md").read_text()
+    direct["seeds"] = again["seeds"]
+    assert md == markdown_table(direct)
+    assert json.loads((tmp_path / "summary.json").read_text())["equivalence_margin"] == margin
+    verdicts = {n: again["differences"][n][MAPR]["verdict"] for n in ("close", "better")}
+    assert verdicts["better"] == "higher"
+    if margin is None:
+        assert verdicts["close"].startswith("inconclusive (MDD ") and "TOST" not in md
+    else:
+        assert verdicts["close"] == "equivalent within ±0.5" and "TOST ±0.5 Holm" in md
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "abc", "true", ".inf"])
+def test_a_bad_margin_on_the_command_line_is_exit_2_naming_the_key(tmp_path, capsys, bad):
+    path = tmp_path / "c.yaml"
+    dump_yaml(tiny_config(), path)
+    out = tmp_path / "cmp"
+    args = ["compare", str(path), "--out", str(out), "--set", f"compare.equivalence_margin={bad}"]
+    assert main(args) == 2
+    assert "compare.equivalence_margin" in capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir())  # nothing trained
