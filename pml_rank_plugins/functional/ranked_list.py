@@ -23,22 +23,23 @@ Query weighting (``query_weighting``): ``"mean"`` (default) is the paper's eq. 1
 weighted ``1 / N``. ``"weight_share"`` is what the authors' released Caffe layer does instead
 (``DistanceWeightedValidPairLossV12``, file
 ``CaffeMex_RLL_GR_V03_Simp/src/caffe/layers/distance_weighted_valid_pair_loss_V12_layer.cpp`` of
-github.com/XinshaoAmosWang/Ranked-List-Loss-for-DML; the layer every released ``train.prototxt``
-uses): query ``i`` is weighted ``c_i = 0.5 W_i / sum_k W_k``, where
+github.com/XinshaoAmosWang/Ranked-List-Loss-for-DML, the loss layer of its released
+``train.prototxt`` files): query ``i`` is weighted ``c_i = 0.5 W_i / sum_k W_k``, where
 ``W_i = sum_{j in P*_i} exp(Tp (d_ij - (alpha - m))) + sum_{j in N*_i} exp(Tn (alpha - d_ij))``
 is the sum of query ``i``'s *unnormalized* pair weights (eq. 9 and its positive twin) over its
 mined positives ``P*_i`` and negatives ``N*_i``, so the batch loss is ``sum_i c_i L_i``: queries
 with many or hard violating pairs dominate, and the weights sum to 0.5 rather than 1. Within a
 query the Caffe layer is eqs. 8-12 (each sign normalized by its own weight sum, both signs
 added with weight 1). The ``0.5`` comes from its loop over unordered pairs ``(a, b)``, whose
-gradient reaches both ends, each end scaled by ``0.5 w_ab / S_end`` (``S`` the end's weight sum of
-that sign) times ``(S+_end + S-_end) / W``, ``W = sum_i (S+_i + S-_i)``; its ``1e-8`` added to each
-sum (against division by zero) is left out here (a query without mined pairs has ``c_i = 0`` and
-``L_i = 0``). So that a mean over queries still gives the batch loss, the per-query loss returned
-under ``"weight_share"`` is ``N c_i L_i``. ``c_i`` is a constant (no gradient), like the pair
-weights, as in the Caffe layer; it is computed from the log-weights in float64 (a softmax over
-queries), so it never overflows for the temperatures the kernels accept unless ``Tn (alpha - d)``
-itself exceeds float64's range (then ``ValueError``).
+gradient reaches both ends, each end scaled by ``0.5 w_ab / S_end`` (``S`` the end's weight sum
+of that sign) times ``(S+_end + S-_end) / W``, ``W = sum_i (S+_i + S-_i)``; its ``1e-8`` added
+to each sum (against division by zero) is left out here (a query without mined pairs has
+``c_i = 0`` and ``L_i = 0``). So that a mean over queries still gives the batch loss, the
+per-query loss returned under ``"weight_share"`` is ``N c_i L_i``. ``c_i`` is a constant (no
+gradient), like the pair weights, as in the Caffe layer. It is a softmax over the queries of
+``log W_i`` (formed in float64 by a log-sum-exp of ``T v``), so nothing overflows even where
+``exp(Tn (alpha - d))`` would (from ``Tn ~ 600``); only a ``T v`` beyond float64's range
+(``T`` near 1e308) raises ``ValueError``.
 
 The weights are constants: they are computed without gradient, as in the authors' implementation,
 so the gradient of ``L`` flows through the distances of the mined pairs only. On the mined pairs the
