@@ -14,12 +14,20 @@ untimed warm-up calls. A script keeps only its cases, its own flags and its tabl
   spawn``: a competing CPU load (``benchmarks/_load.py``) started by the script for the whole
   measurement, bounded by ``--load-limit`` seconds and stopped when the table is done;
 * :func:`report_pairwise` -- the pairwise benchmarks' table (one row per ``--sizes`` entry) under
-  that load.
+  that load;
+* :func:`add_device_flags` -- ``--device auto|cpu|cuda``, ``--autocast none bfloat16 ...`` (one
+  table per autocast dtype), ``--json PATH`` (the results, machine-readable) and ``--in-process``
+  (every case in the script's own process, one after another: no interpreter or CUDA start-up per
+  case, as ``scripts/gpu_check.py`` needs; CUDA peaks stay exact since each case resets
+  ``torch.cuda``'s peak statistics, while a CPU peak is not measured -- ``ru_maxrss`` never goes
+  down -- and is reported as ``-``). A case that fails in-process (e.g. CUDA out of memory) is
+  recorded with its error instead of stopping the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -86,18 +94,23 @@ def run_json(args: Iterable[str], env_extra: dict | None = None) -> dict:
 
 def best_over_rounds(measure: Callable[[str], dict], cases: list[str], rounds: int) -> dict:
     """Measures every case ``rounds`` times, interleaved (case 1, case 2, ..., case 1, ...), and
-    keeps per case the best ``"time"`` and the largest ``"peak"``.
+    keeps per case the best ``"time"`` and the largest ``"peak"`` (``None``: not measured).
 
     On a shared or virtualized machine one subprocess can be slowed by unrelated load;
     interleaving exposes all cases to the same conditions and the best time discards the noise.
+    A result with an ``"error"`` (in-process runs only) is kept only when no round succeeded.
     """
     best: dict[str, dict] = {}
     for _ in range(rounds):
         for case in cases:
             result = measure(case)
-            if case in best:
-                result["time"] = min(result["time"], best[case]["time"])
-                result["peak"] = max(result["peak"], best[case]["peak"])
+            prior = best.get(case)
+            if prior is not None and "error" not in prior:
+                if "error" in result:
+                    continue
+                result["time"] = min(result["time"], prior["time"])
+                if result["peak"] is not None and prior["peak"] is not None:
+                    result["peak"] = max(result["peak"], prior["peak"])
             best[case] = result
     return best
 
@@ -134,7 +147,7 @@ def add_timing_flags(
 
 def add_pairwise_flags(parser: argparse.ArgumentParser, sizes: list[int]) -> None:
     """The flags of an "ours vs PML vs floor at each N" script: ``--sizes``, ``--dim``, the
-    timing flags and ``--pml-max``.
+    timing flags, ``--pml-max``, the load flags and the device flags (CPU by default).
 
     Args:
         parser: the script's parser.
@@ -145,6 +158,64 @@ def add_pairwise_flags(parser: argparse.ArgumentParser, sizes: list[int]) -> Non
     add_timing_flags(parser)
     parser.add_argument("--pml-max", type=int, default=4096)
     add_load_flags(parser)
+    add_device_flags(parser, default_device="cpu")
+
+
+DEVICES = ("cpu", "cuda")
+PEAK_NAMES = {"cpu": "RSS growth", "cuda": "growth of CUDA max_memory_allocated"}
+AUTOCAST = ("none", "bfloat16", "float16")
+
+
+def add_device_flags(parser: argparse.ArgumentParser, default_device: str) -> None:
+    """Adds ``--device auto|cpu|cuda``, ``--autocast``, ``--json PATH`` and ``--in-process``.
+
+    Args:
+        parser: the script's parser.
+        default_device: default of ``--device`` (``auto``: CUDA when a GPU is present).
+    """
+    parser.add_argument("--device", choices=["auto", *DEVICES], default=default_device)
+    parser.add_argument(
+        "--autocast",
+        choices=AUTOCAST,
+        nargs="+",
+        default=["none"],
+        help="forward under torch.autocast in this dtype (one table each); none: float32",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="measure every case in this process (fast start; CPU peak memory not measured)",
+    )
+
+
+def resolve_device(name: str, script: str) -> str:
+    """``--device``: ``auto`` is ``cuda`` when a GPU is present, else ``cpu``.
+
+    Raises:
+        SystemExit: ``cuda`` asked for without a usable GPU (the message names ``script``).
+    """
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            f"{Path(script).name}: --device cuda, but no CUDA GPU is available "
+            "(torch.cuda.is_available() is False): use --device cpu or auto"
+        )
+    return name
+
+
+def device_label(device: str, threads: int | None, autocast: str = "none") -> str:
+    """``"CPU, 2 threads"`` or the GPU's name, then ``", autocast bfloat16"`` unless float32."""
+    where = f"CPU, {threads} threads" if device == "cpu" else torch.cuda.get_device_name()
+    return where if autocast == "none" else f"{where}, autocast {autocast}"
+
+
+def write_json(path: str | None, payload: dict) -> None:
+    """``--json``: ``payload`` written to ``path`` (nothing without it)."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(payload, indent=1) + "\n")
 
 
 # -- competing load -------------------------------------------------------------------------------
@@ -217,6 +288,7 @@ def bench_main(
         report: measures every case through subprocesses and prints the table.
     """
     args = parser.parse_args()
+    args.run_case = run_case  # for --in-process (measure_in_child)
     if args.child:
         case, *numbers = args.child
         print(json.dumps(run_case(case, *map(int, numbers))))
@@ -233,7 +305,8 @@ def measure_in_child(
     memory_pass: bool = False,
     env_extra: dict | None = None,
 ) -> dict:
-    """Measures ``case`` by running ``script --child case *numbers warmup repeats [threads]``.
+    """Measures ``case`` by running ``script --child case *numbers warmup repeats [threads]``
+    (with ``--in-process``: :func:`measure_in_process` instead).
 
     Args:
         script: the benchmark script (its ``__file__``).
@@ -245,12 +318,37 @@ def measure_in_child(
         env_extra: environment of the timing child on top of ours.
     """
     threads = [args.threads] if "threads" in args else []
+    if getattr(args, "in_process", False):
+        return measure_in_process(
+            args.run_case, case, [*numbers, args.warmup, args.repeats, *threads]
+        )
     child = [script, "--child", case, *numbers]
     timing = run_json(child + [args.warmup, args.repeats, *threads], env_extra)
     if not memory_pass:
         return timing
     memory = run_json(child + [0, 1, *threads], LOW_MMAP_THRESHOLD)
     return {"time": timing["time"], "peak": memory["peak"]}
+
+
+def measure_in_process(run_case: Callable[..., dict], case: str, numbers: Sequence[int]) -> dict:
+    """``run_case(case, *numbers)`` in this process: ``{"time", "peak"}``, the peak ``None`` unless
+    it is a CUDA peak (an RSS peak is the process's, not the case's), or ``{"time": None, "peak":
+    None, "error": "..."}`` when the case raised (CUDA out of memory: ``"out of memory"``)."""
+    error = None
+    try:
+        result = run_case(case, *numbers)
+    except torch.cuda.OutOfMemoryError:
+        error = "out of memory"
+    except Exception as e:  # noqa: BLE001 -- recorded in the table/JSON, the next case runs
+        error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    gc.collect()  # the failed case's tensors (held by the traceback) before the next case
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if error is not None:
+        return {"time": None, "peak": None, "error": error}
+    if result.pop("peak_kind", "rss") != "cuda":
+        result["peak"] = None
+    return result
 
 
 def measure_cases(
@@ -263,24 +361,64 @@ def measure_cases(
 
 
 def measure_sizes(
-    script: str, cases: list[str], args: argparse.Namespace
+    script: str, cases: list[str], args: argparse.Namespace, device: str, autocast: str
 ) -> Iterable[tuple[int, dict]]:
-    """For each N of ``--sizes``: ``(N, measure_cases(...))`` with child numbers ``N, --dim``;
-    the case ``"pml"`` is left out above ``--pml-max``."""
+    """For each N of ``--sizes``: ``(N, measure_cases(...))`` with child numbers ``N, --dim``,
+    the device and autocast codes; the case ``"pml"`` is left out above ``--pml-max``."""
+    codes = [DEVICES.index(device), AUTOCAST.index(autocast)]
     for n in args.sizes:
         kept = [case for case in cases if case != "pml" or n <= args.pml_max]
-        yield n, measure_cases(script, kept, [n, args.dim], args)
+        yield n, measure_cases(script, kept, [n, args.dim, *codes], args)
 
 
 # -- inside a child -------------------------------------------------------------------------------
 def time_backward(x: torch.Tensor, compute: Callable[[], torch.Tensor], warmup: int, repeats: int):
-    """:func:`time_calls` of ``compute().backward()``, clearing ``x.grad`` before each call."""
+    """:func:`time_calls` of ``compute().backward()``, clearing ``x.grad`` before each call; on a
+    CUDA ``x``, :func:`time_backward_cuda`."""
+    if x.is_cuda:
+        return time_backward_cuda(x, compute, warmup, repeats)
 
     def step():
         x.grad = None
         compute().backward()
 
     return time_calls(step, warmup, repeats)
+
+
+def time_backward_cuda(x: torch.Tensor, compute, warmup: int, repeats: int) -> dict:
+    """:func:`time_backward` on a GPU: each step waits for the GPU before the clock stops
+    (kernels run asynchronously), and the peak is the growth of ``torch.cuda.
+    max_memory_allocated`` over the memory allocated before the first step (``"peak_kind":
+    "cuda"``)."""
+
+    def step():
+        x.grad = None
+        compute().backward()
+        torch.cuda.synchronize(x.device)
+
+    torch.cuda.synchronize(x.device)
+    torch.cuda.reset_peak_memory_stats(x.device)
+    baseline = torch.cuda.memory_allocated(x.device)
+    result = time_calls(step, warmup, repeats)
+    result["peak"] = max(0, torch.cuda.max_memory_allocated(x.device) - baseline)
+    result["peak_kind"] = "cuda"
+    return result
+
+
+def under_autocast(
+    compute: Callable[[], torch.Tensor], device: torch.device, autocast: str
+) -> Callable[[], torch.Tensor]:
+    """``compute`` run under ``torch.autocast(device.type, dtype)`` (``"none"``: unchanged); the
+    backward runs outside, as in a training step."""
+    if autocast == "none":
+        return compute
+    dtype = getattr(torch, autocast)
+
+    def wrapped() -> torch.Tensor:
+        with torch.autocast(device.type, dtype=dtype):
+            return compute()
+
+    return wrapped
 
 
 def product_floor(x: torch.Tensor, ref: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -293,22 +431,28 @@ def run_pairwise_case(
     case: str,
     n: int,
     dim: int,
+    device_code: int,
+    autocast_code: int,
     warmup: int,
     repeats: int,
     threads: int,
 ) -> dict:
-    """One case of an "at each N" script: ``n`` random ``dim``-d embeddings, 4 per class, the
-    loss ``make_loss(case)`` or, for ``case == "floor"``, :func:`product_floor`."""
+    """One case of an "at each N" script: ``n`` random ``dim``-d embeddings, 4 per class, on
+    ``DEVICES[device_code]``, the loss ``make_loss(case)`` or, for ``case == "floor"``,
+    :func:`product_floor`, forward under ``AUTOCAST[autocast_code]``."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    x = torch.randn(n, dim, requires_grad=True)
-    labels = torch.arange(n) // 4
+    device = torch.device(DEVICES[device_code])
+    x = torch.randn(n, dim).to(device).requires_grad_(True)
+    labels = (torch.arange(n) // 4).to(device)
     if case == "floor":
         compute = product_floor(x, x)
     else:
         loss_fn = make_loss(case)
         compute = lambda: loss_fn(x, labels)  # noqa: E731
-    return time_backward(x, compute, warmup, repeats)
+    return time_backward(
+        x, under_autocast(compute, device, AUTOCAST[autocast_code]), warmup, repeats
+    )
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -325,16 +469,41 @@ def print_row(cells: Iterable) -> None:
     print("| " + " | ".join(str(cell) for cell in cells) + " |", flush=True)
 
 
-def mib(result: dict) -> str:
-    """``result["peak"]`` in whole MiB."""
+def mib(result: dict | None) -> str:
+    """``result["peak"]`` in whole MiB; ``"-"`` when not measured."""
+    if result is None or result.get("peak") is None:
+        return "-"
     return f"{result['peak'] / 2**20:.0f}"
 
 
+def seconds(result: dict | None) -> str:
+    """``result["time"]`` in seconds; ``"skipped"`` for a case not run, ``"error"`` for a failed
+    in-process case (its error is in the JSON and printed below the table)."""
+    if result is None:
+        return "skipped"
+    return "error" if "error" in result else f"{result['time']:.3f}"
+
+
+def ratio(numerator: dict | None, denominator: dict | None, key: str = "time") -> float | None:
+    """``numerator[key] / denominator[key]``, or ``None`` when either is missing or failed."""
+    if numerator is None or denominator is None:
+        return None
+    top, bottom = numerator.get(key), denominator.get(key)
+    if top is None or bottom is None:
+        return None
+    return top / max(bottom, 1e-12 if key == "time" else 1)
+
+
+def times_cell(value: float | None, digits: int = 1) -> str:
+    """``"12.3x"``, ``"-"`` for ``None``."""
+    return "-" if value is None else f"{value:.{digits}f}x"
+
+
 def versus_pml(ours: dict, pml: dict | None) -> tuple[str, str]:
-    """``("PML / ours" time, "ours / PML" memory)`` cells; ``"-"`` both when PML was skipped."""
-    if pml is None:
-        return "-", "-"
-    return f"{pml['time'] / ours['time']:.1f}x", f"1/{pml['peak'] / max(ours['peak'], 1):.0f}"
+    """``("PML / ours" time, "ours / PML" memory)`` cells; ``"-"`` when PML was skipped or either
+    failed or a peak was not measured."""
+    speed, memory = ratio(pml, ours), ratio(pml, ours, "peak")
+    return times_cell(speed), "-" if memory is None else f"1/{memory:.0f}"
 
 
 def report_pairwise(
@@ -346,16 +515,44 @@ def report_pairwise(
     size_row: Callable[[int, dict], list],
     pml_cost: str,
 ) -> None:
-    """The table of a pairwise benchmark: ``title`` with the competing load (``--load``, run for
+    """The tables of a pairwise benchmark, one per ``--autocast`` dtype: ``title`` (a format
+    string with ``{where}``, :func:`device_label`, and ``{peak}``, :data:`PEAK_NAMES`) with the competing load (``--load``, run for
     the whole measurement) and the load average before, one row ``size_row(N, best)`` per size
-    (:func:`measure_sizes`), then the load average after and :func:`note_pml_skipped`."""
-    with competing_load(args.load, args.load_limit):
-        print(f"{title}; {LOAD_NAMES[args.load]}; before: {machine_load()}")
-        print_header(columns, text_first=False)
-        for n, best in measure_sizes(script, cases, args):
-            print_row(size_row(n, best))
-    print(f"after: {machine_load()}")
-    note_pml_skipped(args, pml_cost)
+    (:func:`measure_sizes`), then the load average after, :func:`note_pml_skipped` and the
+    errors of failed in-process cases; ``--json``: every result."""
+    device = resolve_device(args.device, script)
+    tables = []
+    for autocast in args.autocast:
+        rows = []
+        with competing_load(args.load, args.load_limit):
+            where = device_label(device, args.threads, autocast)
+            peak = PEAK_NAMES[device] if not args.in_process or device == "cuda" else "not measured"
+            heading = title.format(where=where, peak=peak)
+            print(f"{heading}; {LOAD_NAMES[args.load]}; before: {machine_load()}")
+            print_header(columns, text_first=False)
+            for n, best in measure_sizes(script, cases, args, device, autocast):
+                print_row(size_row(n, best))
+                rows.append({"n": n, "cases": best})
+        print(f"after: {machine_load()}")
+        note_pml_skipped(args, pml_cost)
+        for row in rows:
+            for case, result in row["cases"].items():
+                if "error" in result:
+                    print(f"N={row['n']} {case}: {result['error']}")
+        tables.append({"autocast": autocast, "sizes": rows})
+    write_json(
+        args.json,
+        {
+            "script": Path(script).name,
+            "device": device,
+            "device_name": device_label(device, args.threads),
+            "dim": args.dim,
+            "pml_max": args.pml_max,
+            "timing": {"warmup": args.warmup, "repeats": args.repeats, "rounds": args.rounds},
+            "in_process": args.in_process,
+            "tables": tables,
+        },
+    )
 
 
 def note_pml_skipped(args: argparse.Namespace, cost: str) -> None:

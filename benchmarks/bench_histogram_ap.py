@@ -25,7 +25,12 @@ Targets (CPU, N = 4096): ours >= 15x faster than PML and <= 3x the floor; ours' 
 growth <= 1/8 of PML's; N = 16384 (``--sizes 16384``) within 8 GB. Under ``--load train``
 (threads = cores): FastAP and mAP_Q <= 1.5x the floor and >= 5x PML; under ``--load spawn``:
 never slower than PML and <= 2x the floor.
-Run: ``python benchmarks/bench_histogram_ap.py [--sizes 256 1024 4096 8192] [--load train]``.
+``--device cuda`` measures on the GPU (peak = growth of ``torch.cuda.max_memory_allocated``),
+``--autocast bfloat16`` runs the forward under ``torch.autocast`` (one table per dtype given),
+``--json PATH`` writes the results, ``--in-process`` measures every case in this process
+(``benchmarks/_measure.py``; used by ``scripts/gpu_check.sh``).
+Run: ``python benchmarks/bench_histogram_ap.py [--sizes 256 1024 4096 8192] [--load train]
+[--device cpu|cuda] [--autocast none bfloat16] [--json PATH] [--in-process]``.
 """
 
 from __future__ import annotations
@@ -37,8 +42,11 @@ from _measure import (
     bench_main,
     bench_parser,
     mib,
+    ratio,
     report_pairwise,
     run_pairwise_case,
+    seconds,
+    times_cell,
     versus_pml,
 )
 from pytorch_metric_learning.losses import FastAPLoss as PMLFastAPLoss
@@ -74,31 +82,32 @@ def make_loss(case: str):
 def report(args) -> None:
     """Measures every size and case, prints the table."""
     title = (
-        f"FastAP (ours, PML: 10 bins) and mAP_Q (20 bins) forward+backward, CPU, "
-        f"{args.threads} threads, d={args.dim}, {args.warmup} warm-up call(s), best of "
-        f"{args.repeats} timed x {args.rounds} rounds; peak = RSS growth during all calls"
+        "FastAP (ours, PML: 10 bins) and mAP_Q (20 bins) forward+backward, {where}, "
+        f"d={args.dim}, {args.warmup} warm-up call(s), best of "
+        f"{args.repeats} timed x {args.rounds} rounds; peak = {{peak}} during all calls"
     )
     report_pairwise(__file__, CASES, args, title, COLUMNS, size_row, "O(L N^2)")
 
 
 def size_row(n: int, best: dict) -> list:
-    """The table row of size ``n`` from its cases' results."""
+    """The table row of size ``n`` from its cases' results (``"skipped"`` / ``"-"`` for a case
+    not run or failed)."""
     ours, qap, floor, pml = best["ours"], best["qap"], best["floor"], best.get("pml")
     speedup, memory = versus_pml(ours, pml)
     return [
         n,
-        f"{ours['time']:.3f}",
-        f"{pml['time']:.3f}" if pml else "skipped",
-        f"{floor['time']:.3f}",
+        seconds(ours),
+        seconds(pml),
+        seconds(floor),
         speedup,
-        f"{ours['time'] / floor['time']:.2f}x",
+        times_cell(ratio(ours, floor), 2),
         mib(ours),
-        mib(pml) if pml else "-",
+        mib(pml),
         mib(floor),
         memory,
-        f"{qap['time']:.3f}",
+        seconds(qap),
         versus_pml(qap, pml)[0],
-        f"{qap['time'] / floor['time']:.2f}x",
+        times_cell(ratio(qap, floor), 2),
         mib(qap),
     ]
 

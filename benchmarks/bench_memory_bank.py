@@ -25,8 +25,11 @@ peak memory growth over the pre-call value (CPU: RSS; CUDA: ``torch.cuda.max_mem
 Columns: ``vs ref`` is a memory-bank case's time over the direct call's (``_ref``), ``peak vs
 ref`` the same for the peak. Targets (issue 23; memory 65,536, batch 256, d = 128): through
 ``CrossBatchMemory`` each loss <= 1.5x the floor and within 10% of the direct call, peak <= 1.2x
-the direct call's. Run: ``python benchmarks/bench_memory_bank.py [--memory 65536] [--batch 256]
-[--device auto|cpu|cuda] [--paired]``. ``--paired`` adds a table timed in one process per loss,
+the direct call's. ``--autocast bfloat16`` runs the forward under ``torch.autocast`` (one table per dtype given),
+``--json PATH`` writes the results, ``--in-process`` measures every case in this process
+(``benchmarks/_measure.py``). Run: ``python benchmarks/bench_memory_bank.py [--memory 65536]
+[--batch 256] [--device auto|cpu|cuda] [--paired] [--autocast none bfloat16] [--json PATH]
+[--in-process]``. ``--paired`` adds a table timed in one process per loss,
 the floor, ``CrossBatchMemory``, direct and PML-path steps called in turn each round: on a shared
 machine a change of load then hits the four alike, so their ratios hold better than across
 subprocesses; the order rotates by one case per round (use ``--repeats`` a multiple of 4).
@@ -38,17 +41,27 @@ import time
 
 import torch
 from _measure import (
+    AUTOCAST,
+    DEVICES,
+    PEAK_NAMES,
+    add_device_flags,
     add_timing_flags,
     bench_main,
     bench_parser,
+    device_label,
     measure_cases,
     measure_in_child,
     mib,
     print_header,
     print_row,
     product_floor,
+    ratio,
+    resolve_device,
+    seconds,
     time_backward,
-    time_calls,
+    times_cell,
+    under_autocast,
+    write_json,
 )
 from pytorch_metric_learning.losses import CrossBatchMemory as PMLCrossBatchMemory
 
@@ -56,8 +69,8 @@ from pml_rank_plugins.losses import CrossBatchMemory, FastAPLoss, QuantizedAPLos
 
 LOSSES = ["fastap", "qap", "rll"]
 CASES = ["floor"] + LOSSES + [f"{name}_ref" for name in LOSSES] + [f"{name}_pml" for name in LOSSES]
-# The child gets integers only (``_measure.bench_main``): the device travels as a code.
-DEVICES = ["cpu", "cuda"]
+# The child gets integers only (``_measure.bench_main``): device and autocast travel as codes
+# (indices into ``_measure.DEVICES`` / ``_measure.AUTOCAST``).
 
 
 def _make_loss(name: str):
@@ -66,24 +79,6 @@ def _make_loss(name: str):
     if name == "qap":
         return QuantizedAPLoss(num_bins=20)
     return RankedListLoss()
-
-
-def time_backward_cuda(x: torch.Tensor, compute, warmup: int, repeats: int) -> dict:
-    """:func:`_measure.time_backward` on a GPU: each step waits for the GPU before the clock
-    stops (kernels run asynchronously), and the peak is the growth of
-    ``torch.cuda.max_memory_allocated`` over the memory allocated before the first step."""
-
-    def step():
-        x.grad = None
-        compute().backward()
-        torch.cuda.synchronize(x.device)
-
-    torch.cuda.synchronize(x.device)
-    torch.cuda.reset_peak_memory_stats(x.device)
-    baseline = torch.cuda.memory_allocated(x.device)
-    result = time_calls(step, warmup, repeats)
-    result["peak"] = max(0, torch.cuda.max_memory_allocated(x.device) - baseline)
-    return result
 
 
 def make_compute(case: str, x, labels, mem, mem_labels):
@@ -137,13 +132,14 @@ def run_case(
     batch: int,
     dim: int,
     device_code: int,
+    autocast_code: int,
     warmup: int,
     repeats: int,
     threads,
 ):
     """Runs inside the subprocess: returns best time (s) and peak memory growth (bytes); a
     ``paired_<loss>`` case returns the paired times of floor, ``<loss>``, ``_ref`` and ``_pml``
-    under ``"times"``."""
+    under ``"times"``. The forward runs under ``AUTOCAST[autocast_code]``."""
     device = torch.device(DEVICES[device_code])
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -154,67 +150,76 @@ def run_case(
     if case.startswith("paired_"):
         name = case.removeprefix("paired_")
         cases = ["floor", name, f"{name}_ref", f"{name}_pml"]
-        computes = {c: make_compute(c, x, labels, mem, mem_labels) for c in cases}
+        autocast = AUTOCAST[autocast_code]
+        computes = {
+            c: under_autocast(make_compute(c, x, labels, mem, mem_labels), device, autocast)
+            for c in cases
+        }
         return {"time": 0.0, "peak": 0, "times": paired_times(x, computes, warmup, repeats)}
     compute = make_compute(case, x, labels, mem, mem_labels)
-    if device.type == "cuda":
-        return time_backward_cuda(x, compute, warmup, repeats)
-    return time_backward(x, compute, warmup, repeats)
-
-
-def resolve_device(name: str) -> str:
-    """``--device``: ``auto`` is ``cuda`` when a GPU is present, else ``cpu``.
-
-    Raises:
-        SystemExit: ``cuda`` asked for without a usable GPU.
-    """
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(
-            "bench_memory_bank.py: --device cuda, but no CUDA GPU is available "
-            "(torch.cuda.is_available() is False): use --device cpu or auto"
-        )
-    return name
+    return time_backward(
+        x, under_autocast(compute, device, AUTOCAST[autocast_code]), warmup, repeats
+    )
 
 
 def report(args) -> None:
-    """Measures every case, prints the table."""
-    device = resolve_device(args.device)
-    where = f"CPU, {args.threads} threads" if device == "cpu" else torch.cuda.get_device_name()
-    peak = "RSS growth" if device == "cpu" else "growth of CUDA max_memory_allocated"
-    print(
-        f"Memory bank: batch {args.batch} vs memory {args.memory}, d={args.dim}, {where}, "
-        f"{args.warmup} warm-up step(s), best of {args.repeats} timed x {args.rounds} rounds; "
-        f"peak = {peak} during all steps"
-    )
-    numbers = [args.memory, args.batch, args.dim, DEVICES.index(device)]
-    best = measure_cases(__file__, CASES, numbers, args)
-    floor = best["floor"]
+    """Measures every case, prints one table per ``--autocast`` dtype (``--json``: the results)."""
+    device = resolve_device(args.device, __file__)
     pairs = args.batch * args.memory
-    print_header(
-        ["case", "s / step", "vs floor", "vs ref", "peak MiB", "peak vs ref", "bytes / pair"]
+    tables = []
+    for autocast in args.autocast:
+        peak = PEAK_NAMES[device] if not args.in_process or device == "cuda" else "not measured"
+        print(
+            f"Memory bank: batch {args.batch} vs memory {args.memory}, d={args.dim}, "
+            f"{device_label(device, args.threads, autocast)}, {args.warmup} warm-up step(s), best "
+            f"of {args.repeats} timed x {args.rounds} rounds; peak = {peak} during all steps"
+        )
+        numbers = [args.memory, args.batch, args.dim]
+        numbers += [DEVICES.index(device), AUTOCAST.index(autocast)]
+        best = measure_cases(__file__, CASES, numbers, args)
+        floor = best["floor"]
+        print_header(
+            ["case", "s / step", "vs floor", "vs ref", "peak MiB", "peak vs ref", "bytes / pair"]
+        )
+        for case in CASES:
+            r = best[case]
+            ref = (
+                best.get(case.removesuffix("_pml") + "_ref")
+                if case in LOSSES or case.endswith("_pml")
+                else None
+            )
+            per_pair = ratio(r, {"peak": pairs}, "peak")
+            print_row(
+                [
+                    case,
+                    seconds(r),
+                    times_cell(ratio(r, floor), 2),
+                    "-" if ref is None else times_cell(ratio(r, ref), 2),
+                    mib(r),
+                    "-" if ref is None else times_cell(ratio(r, ref, "peak"), 2),
+                    "-" if per_pair is None else f"{per_pair:.1f}",
+                ]
+            )
+        for case, r in best.items():
+            if "error" in r:
+                print(f"{case}: {r['error']}")
+        if args.paired:
+            report_paired(args, numbers)
+        tables.append({"autocast": autocast, "cases": best})
+    write_json(
+        args.json,
+        {
+            "script": "bench_memory_bank.py",
+            "device": device,
+            "device_name": device_label(device, args.threads),
+            "memory": args.memory,
+            "batch": args.batch,
+            "dim": args.dim,
+            "timing": {"warmup": args.warmup, "repeats": args.repeats, "rounds": args.rounds},
+            "in_process": args.in_process,
+            "tables": tables,
+        },
     )
-    for case in CASES:
-        r = best[case]
-        ref = (
-            best.get(case.removesuffix("_pml") + "_ref")
-            if case in LOSSES or case.endswith("_pml")
-            else None
-        )
-        print_row(
-            [
-                case,
-                f"{r['time']:.3f}",
-                f"{r['time'] / floor['time']:.2f}x",
-                "-" if ref is None else f"{r['time'] / ref['time']:.2f}x",
-                mib(r),
-                "-" if ref is None else f"{r['peak'] / max(ref['peak'], 1):.2f}x",
-                f"{r['peak'] / pairs:.1f}",
-            ]
-        )
-    if args.paired:
-        report_paired(args, numbers)
 
 
 def report_paired(args, numbers: list[int]) -> None:
@@ -247,7 +252,7 @@ def main() -> None:
     parser.add_argument("--memory", type=int, default=65536)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--device", choices=["auto", *DEVICES], default="auto")
+    add_device_flags(parser, default_device="auto")
     parser.add_argument(
         "--paired",
         action="store_true",

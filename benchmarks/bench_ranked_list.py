@@ -23,7 +23,10 @@ printed with the table.
 Targets (CPU, 2 threads, N = 4096): ours >= 5x faster than PML and <= 1.5x the floor; ours'
 peak memory growth <= 1/8 of PML's; N = 16384 (``--sizes 16384``) under 1 GiB of growth. The
 same under ``--load train``; under ``--load spawn``: never slower than PML and <= 2x the floor.
-Run: ``python benchmarks/bench_ranked_list.py [--sizes 1024 4096 16384] [--load train]``.
+``--device cuda``, ``--autocast``, ``--json PATH`` and ``--in-process``: as in
+``bench_histogram_ap.py`` (``benchmarks/_measure.py``).
+Run: ``python benchmarks/bench_ranked_list.py [--sizes 1024 4096 16384] [--load train]
+[--device cpu|cuda] [--autocast none bfloat16] [--json PATH] [--in-process]``.
 """
 
 from __future__ import annotations
@@ -36,8 +39,11 @@ from _measure import (
     bench_main,
     bench_parser,
     mib,
+    ratio,
     report_pairwise,
     run_pairwise_case,
+    seconds,
+    times_cell,
     versus_pml,
 )
 from pytorch_metric_learning.losses import RankedListLoss as PMLRankedListLoss
@@ -75,31 +81,32 @@ def make_loss(case: str):
 def report(args) -> None:
     """Measures every size and case, prints the table."""
     title = (
-        f"RankedListLoss forward+backward, CPU, {args.threads} threads, d={args.dim}, "
+        f"RankedListLoss forward+backward, {{where}}, d={args.dim}, "
         "alpha 1.2, margin 0.4, Tn 10, 4 per class, "
         f"{args.warmup} warm-up call(s), best of {args.repeats} timed x {args.rounds} "
-        "rounds; peak = RSS growth during all calls; ours = gallery_gradient=False, gg = True"
+        "rounds; peak = {peak} during all calls; ours = gallery_gradient=False, gg = True"
     )
     report_pairwise(__file__, CASES, args, title, COLUMNS, size_row, "O(N^2)")
 
 
 def size_row(n: int, best: dict) -> list:
-    """The table row of size ``n`` from its cases' results."""
+    """The table row of size ``n`` from its cases' results (``"skipped"`` / ``"-"`` for a case
+    not run or failed)."""
     ours, gg, floor, pml = best["ours"], best["ours_gg"], best["floor"], best.get("pml")
     speedup, memory = versus_pml(ours, pml)
     return [
         n,
-        f"{ours['time']:.3f}",
-        f"{gg['time']:.3f}",
-        f"{pml['time']:.3f}" if pml else "skipped",
-        f"{floor['time']:.3f}",
+        seconds(ours),
+        seconds(gg),
+        seconds(pml),
+        seconds(floor),
         speedup,
         versus_pml(gg, pml)[0],
-        f"{ours['time'] / floor['time']:.2f}x",
-        f"{gg['time'] / floor['time']:.2f}x",
+        times_cell(ratio(ours, floor), 2),
+        times_cell(ratio(gg, floor), 2),
         mib(ours),
         mib(gg),
-        mib(pml) if pml else "-",
+        mib(pml),
         mib(floor),
         memory,
     ]
