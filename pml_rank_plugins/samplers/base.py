@@ -20,6 +20,7 @@ same epoch, with fresh classes) to a multiple of ``num_replicas``; rank ``r`` yi
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Iterator
 
@@ -33,27 +34,32 @@ from .class_pools import ClassPools, PoolCursor, fill_part
 
 
 def refuse_pml_keywords(sampler: str, m, length_before_new_iter) -> None:
-    """Raise ``ValueError`` for PML ``MPerClassSampler`` keywords that have no equal here.
+    """Raise ``TypeError`` for PML ``MPerClassSampler`` arguments that have no equal here.
 
-    A user swapping ``MPerClassSampler(labels, m=4, batch_size=32, length_before_new_iter=...)``
-    for one of these samplers gets the equivalent instead of a bare ``TypeError``: the samplers
-    take whole classes (no exact per-class count) and their epoch length follows from the scheme.
+    PML's signature is ``MPerClassSampler(labels, m, batch_size=None, length_before_new_iter=...)``
+    and its users write ``MPerClassSampler(labels, 4)``. Our samplers take ``batch_size`` by
+    keyword only and keep the second place for ``m`` so that the same call is refused, naming the
+    fix, instead of silently meaning ``batch_size=4``. The samplers take whole classes (no exact
+    per-class count) and their epoch length follows from the scheme.
 
     Args:
         sampler: the class name, for the message.
-        m, length_before_new_iter: the keywords as passed (``None``: not passed).
+        m, length_before_new_iter: the arguments as passed (``None``: not passed).
 
     Raises:
-        ValueError: either is not ``None``, naming it and what to use.
+        TypeError: either is not ``None``, naming it and what to use.
     """
     if m is not None:
-        raise ValueError(
-            f"{sampler} has no m (PML MPerClassSampler's exact number of items per class): it "
-            f"fills batches with whole classes; samples_per_class={m!r} caps the items a class "
-            "contributes to a batch (the nearest equivalent), or keep PML's MPerClassSampler"
+        m = int(m) if isinstance(m, numbers.Integral) else repr(m)  # numpy ints shown as 4
+        raise TypeError(
+            f"{sampler}(labels, {m}) / {sampler}(labels, m={m}): the second argument is PML "
+            f"MPerClassSampler's m (exactly m items per class), and {sampler} has no m: it fills "
+            f"batches with whole classes. Pass batch_size={m} by keyword for {m} items per "
+            f"batch, or samples_per_class={m} to cap the items a class contributes to a batch "
+            "(the nearest equivalent of m); or keep PML's MPerClassSampler"
         )
     if length_before_new_iter is not None:
-        raise ValueError(
+        raise TypeError(
             f"{sampler} has no length_before_new_iter (PML MPerClassSampler's number of samples "
             "per iteration): its epoch length follows from the scheme (see len(sampler), "
             "docs/samplers.md); train for more batches with more epochs"
@@ -65,22 +71,28 @@ class ClassBatchSampler(BatchSampler):
 
     Subclasses set up their pools in ``__init__`` and implement :meth:`_epoch_specs`, returning one
     spec per batch: a tuple of ``(pool_key, part_size)`` pairs whose sizes add up to ``batch_size``.
+
+    Everything after ``labels`` is keyword-only; the second place holds PML's ``m``, refused
+    (:func:`refuse_pml_keywords`), so ``Sampler(labels, 4)`` is a ``TypeError`` naming
+    ``batch_size=4`` rather than a batch of 4.
     """
 
     def __init__(
         self,
         labels,
-        batch_size: int,
+        m=None,
+        *,
+        batch_size: int | None = None,
         categories=None,
         samples_per_class="all",
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
-        *,
-        m=None,
         length_before_new_iter=None,
     ):
         refuse_pml_keywords(type(self).__name__, m, length_before_new_iter)
+        if batch_size is None:  # a default only so that a positional m is refused first
+            raise TypeError(f"{type(self).__name__} needs batch_size= (items per batch)")
         batch_size = check_int(batch_size, "batch_size", minimum=2)
         num_replicas = check_int(num_replicas, "num_replicas", minimum=1)
         rank = check_int(rank, "rank", minimum=0, maximum=num_replicas - 1)

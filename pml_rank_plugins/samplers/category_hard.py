@@ -24,22 +24,28 @@ class CategoryHardSampler(ClassBatchSampler):
     made only of two-item classes) and unlabeled items (category -1) are excluded with a warning
     naming them; fewer than ``categories_per_batch`` usable categories is a ``ValueError``.
 
+    Everything after ``labels`` is keyword-only: PML's ``MPerClassSampler(labels, 4)`` habit is a
+    ``TypeError`` naming ``batch_size=4`` / ``samples_per_class=4``, never a batch of 4.
+
     Args:
         labels: ``(N, 2)`` [class, category] array, or the 1-D class array with ``categories``.
+        m: PML ``MPerClassSampler``'s second argument, refused (see ``length_before_new_iter``).
         batch_size: items per batch (per rank), divisible by ``categories_per_batch``.
         batches_per_pair: batches per combination of categories per epoch.
         categories_per_batch: categories in each batch (2 in the paper).
         samples_per_class: ``"all"`` (paper) or the most items a class contributes to a batch.
         seed, num_replicas, rank: see :class:`~.base.ClassBatchSampler`.
         categories: optional 1-D category array when ``labels`` is 1-D.
-        m, length_before_new_iter: PML ``MPerClassSampler`` keywords, refused with the
-            equivalent (:func:`~.base.refuse_pml_keywords`).
+        length_before_new_iter: PML ``MPerClassSampler`` keyword; it and ``m`` are refused with
+            a ``TypeError`` naming the equivalent (:func:`~.base.refuse_pml_keywords`).
     """
 
     def __init__(
         self,
         labels,
-        batch_size: int,
+        m=None,
+        *,
+        batch_size: int | None = None,
         batches_per_pair: int = 5,
         categories_per_batch: int = 2,
         samples_per_class="all",
@@ -47,19 +53,17 @@ class CategoryHardSampler(ClassBatchSampler):
         num_replicas: int = 1,
         rank: int = 0,
         categories=None,
-        *,
-        m=None,
         length_before_new_iter=None,
     ):
         super().__init__(
             labels,
-            batch_size,
-            categories,
-            samples_per_class,
-            seed,
-            num_replicas,
-            rank,
-            m=m,
+            m,
+            batch_size=batch_size,
+            categories=categories,
+            samples_per_class=samples_per_class,
+            seed=seed,
+            num_replicas=num_replicas,
+            rank=rank,
             length_before_new_iter=length_before_new_iter,
         )
         categories_per_batch = check_int(categories_per_batch, "categories_per_batch", minimum=2)

@@ -19,32 +19,33 @@ class LabeledUnlabeledSampler(ClassBatchSampler):
     item counts); the batches are apportioned to categories in proportion to ``N_c`` (largest
     remainder) and shuffled. Labeled categories that cannot fill a half are excluded with a warning
     naming them; no usable labeled category, or unlabeled items that cannot fill a half, is a
-    ``ValueError``. PML ``MPerClassSampler``'s ``m`` / ``length_before_new_iter`` are refused with
-    the equivalent (:func:`~.base.refuse_pml_keywords`).
+    ``ValueError``. Everything after ``labels`` is keyword-only (``batch_size=``); PML
+    ``MPerClassSampler``'s ``m`` (also in the second place) and ``length_before_new_iter`` are
+    refused with a ``TypeError`` naming the equivalent (:func:`~.base.refuse_pml_keywords`).
     """
 
     def __init__(
         self,
         labels,
-        batch_size: int,
+        m=None,
+        *,
+        batch_size: int | None = None,
         samples_per_class="all",
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
         categories=None,
-        *,
-        m=None,
         length_before_new_iter=None,
     ):
         super().__init__(
             labels,
-            batch_size,
-            categories,
-            samples_per_class,
-            seed,
-            num_replicas,
-            rank,
-            m=m,
+            m,
+            batch_size=batch_size,
+            categories=categories,
+            samples_per_class=samples_per_class,
+            seed=seed,
+            num_replicas=num_replicas,
+            rank=rank,
             length_before_new_iter=length_before_new_iter,
         )
         self.part_size = self._part_size(

@@ -17,35 +17,36 @@ class RandomClassSampler(ClassBatchSampler):
     items, so about every item is seen once. Same guarantees as :class:`CategoryHardSampler`
     (exact size, >= 2 items per class present, no duplicates); categories are ignored.
 
-    Not PML's ``MPerClassSampler(labels, m, batch_size)``: the second positional argument here is
-    ``batch_size``; PML's ``m`` / ``length_before_new_iter`` keywords are refused with the
-    equivalent (:func:`~.base.refuse_pml_keywords`).
+    Not PML's ``MPerClassSampler(labels, m, batch_size)``: everything after ``labels`` is
+    keyword-only (``RandomClassSampler(labels, batch_size=16)``); PML's ``m`` (also in the second
+    place: ``RandomClassSampler(labels, 4)``) and ``length_before_new_iter`` are refused with a
+    ``TypeError`` naming the equivalent (:func:`~.base.refuse_pml_keywords`).
     """
 
     def __init__(
         self,
         labels,
-        batch_size: int,
+        m=None,
+        *,
+        batch_size: int | None = None,
         samples_per_class="all",
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
         categories=None,
-        *,
-        m=None,
         length_before_new_iter=None,
     ):
         if categories is None and np.ndim(labels) == 1:
             categories = np.zeros(len(labels), dtype=np.int64)  # categories play no role here
         super().__init__(
             labels,
-            batch_size,
-            categories,
-            samples_per_class,
-            seed,
-            num_replicas,
-            rank,
-            m=m,
+            m,
+            batch_size=batch_size,
+            categories=categories,
+            samples_per_class=samples_per_class,
+            seed=seed,
+            num_replicas=num_replicas,
+            rank=rank,
             length_before_new_iter=length_before_new_iter,
         )
         members = self.pools.pool()

@@ -39,13 +39,13 @@ def check_batch_invariants(batch, labels, batch_size):
 
 
 def build_or_none(sampler_class, labels, batch_size, refusal, **kwargs):
-    """``sampler_class(labels, batch_size, **kwargs)`` with warnings silenced, or ``None`` when it
+    """``sampler_class(labels, batch_size=batch_size, **kwargs)`` with warnings silenced, or ``None`` when it
     raises a ``ValueError`` whose message matches the regex ``refusal`` (a label structure that
     cannot serve this batch size); any other error propagates."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return sampler_class(labels, batch_size, **kwargs)
+            return sampler_class(labels, batch_size=batch_size, **kwargs)
     except ValueError as error:
         assert re.search(refusal, str(error)), str(error)
         return None

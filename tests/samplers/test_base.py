@@ -25,9 +25,11 @@ def vehicle_labels():
 
 
 SAMPLERS = {
-    "category_hard": lambda **kw: CategoryHardSampler(two_level(), 8, batches_per_pair=1, **kw),
-    "random_class": lambda **kw: RandomClassSampler(two_level(), 8, **kw),
-    "labeled_unlabeled": lambda **kw: LabeledUnlabeledSampler(vehicle_labels(), 8, **kw),
+    "category_hard": lambda **kw: CategoryHardSampler(
+        two_level(), batch_size=8, batches_per_pair=1, **kw
+    ),
+    "random_class": lambda **kw: RandomClassSampler(two_level(), batch_size=8, **kw),
+    "labeled_unlabeled": lambda **kw: LabeledUnlabeledSampler(vehicle_labels(), batch_size=8, **kw),
 }
 
 
@@ -64,20 +66,20 @@ def test_numpy_integers_are_accepted(name):
 @pytest.mark.parametrize("batch_size", [8.0, True, 1])
 def test_bad_batch_size(batch_size):
     with pytest.raises(ValueError, match=r"batch_size must be an integer >= 2"):
-        RandomClassSampler(two_level(), batch_size)
+        RandomClassSampler(two_level(), batch_size=batch_size)
 
 
 @pytest.mark.parametrize("kwargs", [dict(batches_per_pair=1.0), dict(categories_per_batch=2.0)])
 def test_category_hard_counts_must_be_integers(kwargs):
     name = next(iter(kwargs))
     with pytest.raises(ValueError, match=rf"{name} must be an integer"):
-        CategoryHardSampler(two_level(), 8, **kwargs)
+        CategoryHardSampler(two_level(), batch_size=8, **kwargs)
 
 
 @pytest.mark.parametrize("samples_per_class", [2.0, True, 1, "some"])
 def test_samples_per_class_must_be_all_or_an_integer(samples_per_class):
     with pytest.raises(ValueError, match=r"samples_per_class must be"):
-        RandomClassSampler(two_level(), 8, samples_per_class=samples_per_class)
+        RandomClassSampler(two_level(), batch_size=8, samples_per_class=samples_per_class)
 
 
 # -- batches depend only on (seed, epoch), whatever the DataLoader does (issue 12.7) ------------

@@ -81,7 +81,7 @@ def test_shards_are_disjoint_equal_and_cover_the_epoch(labels, part, replicas):
 
 def test_set_epoch_is_reproducible_and_independent_of_global_rng():
     labels = np.stack([np.repeat(np.arange(40), 4), np.repeat(np.arange(40) % 4, 4)], axis=1)
-    sampler = CategoryHardSampler(labels, 16, batches_per_pair=2)
+    sampler = CategoryHardSampler(labels, batch_size=16, batches_per_pair=2)
     torch.manual_seed(0)
     np.random.seed(0)
     sampler.set_epoch(3)
@@ -95,13 +95,13 @@ def test_set_epoch_is_reproducible_and_independent_of_global_rng():
 
 def test_two_one_dimensional_arrays_accepted():
     classes = np.repeat(np.arange(12), 3)
-    sampler = CategoryHardSampler(classes, 6, categories=classes % 3)
+    sampler = CategoryHardSampler(classes, batch_size=6, categories=classes % 3)
     assert all(len(b) == 6 for b in sampler)
 
 
 def test_dataloader_batch_sampler_yields_exact_batches():
     labels = np.stack([np.repeat(np.arange(20), 3), np.repeat(np.arange(20) % 4, 3)], axis=1)
-    sampler = CategoryHardSampler(labels, 12, batches_per_pair=1)
+    sampler = CategoryHardSampler(labels, batch_size=12, batches_per_pair=1)
     assert isinstance(sampler, torch.utils.data.BatchSampler)
     data = torch.utils.data.TensorDataset(torch.arange(len(labels)))
     loader = torch.utils.data.DataLoader(data, batch_sampler=sampler)
@@ -132,13 +132,13 @@ def test_small_category_excluded_with_warning_naming_it():
     classes = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4])
     categories = np.array([0] * 6 + [1] * 6 + [7] * 2)
     with pytest.warns(UserWarning, match="category 7 excluded"):
-        sampler = CategoryHardSampler(classes, 8, categories=categories)
+        sampler = CategoryHardSampler(classes, batch_size=8, categories=categories)
     assert sampler.categories == [0, 1]
 
 
 def test_unlabeled_items_are_not_a_category():
     classes = np.repeat(np.arange(9), 3)
     categories = np.repeat([0, 0, 0, 1, 1, 1, -1, -1, -1], 3)
-    sampler = CategoryHardSampler(classes, 8, categories=categories)
+    sampler = CategoryHardSampler(classes, batch_size=8, categories=categories)
     assert sampler.categories == [0, 1]
     assert all((labels_cat >= 0).all() for labels_cat in [categories[b] for b in sampler])

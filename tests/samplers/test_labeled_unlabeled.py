@@ -43,7 +43,7 @@ def test_batches_apportioned_to_categories_by_size():
     categories = np.concatenate([np.zeros(40, int), np.ones(20, int)])
     classes = np.concatenate([classes, np.repeat(np.arange(15, 25), 3)])
     categories = np.concatenate([categories, -np.ones(30, int)])
-    sampler = LabeledUnlabeledSampler(classes, 10, categories=categories)
+    sampler = LabeledUnlabeledSampler(classes, batch_size=10, categories=categories)
     per_category = [int(c) for b in sampler for c in set(categories[b]) if c != -1]
     assert len(per_category) == 12
     assert per_category.count(0) == 8 and per_category.count(1) == 4
@@ -56,10 +56,10 @@ def test_bad_arguments(batch_size, message):
     classes = np.repeat(np.arange(10), 3)
     categories = np.repeat([0, 0, 0, 0, 0, -1, -1, -1, -1, -1], 3)
     with pytest.raises(ValueError, match=message):
-        LabeledUnlabeledSampler(classes, batch_size, categories=categories)
+        LabeledUnlabeledSampler(classes, batch_size=batch_size, categories=categories)
 
 
 def test_no_unlabeled_items_raises():
     classes = np.repeat(np.arange(10), 3)
     with pytest.raises(ValueError, match="unlabeled"):
-        LabeledUnlabeledSampler(classes, 6, categories=classes % 2)
+        LabeledUnlabeledSampler(classes, batch_size=6, categories=classes % 2)

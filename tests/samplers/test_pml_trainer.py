@@ -32,9 +32,9 @@ CATEGORIES = np.repeat(np.r_[np.arange(18) % 3, -np.ones(6, int)], 4)
 @pytest.mark.parametrize(
     "make_sampler",
     [
-        lambda labels: CategoryHardSampler(labels, 16, batches_per_pair=1),
-        lambda labels: RandomClassSampler(labels, 16),
-        lambda labels: LabeledUnlabeledSampler(labels, 16),
+        lambda labels: CategoryHardSampler(labels, batch_size=16, batches_per_pair=1),
+        lambda labels: RandomClassSampler(labels, batch_size=16),
+        lambda labels: LabeledUnlabeledSampler(labels, batch_size=16),
     ],
     ids=["category_hard", "random_class", "labeled_unlabeled"],
 )

@@ -42,12 +42,14 @@ def test_shards_disjoint_equal_count(labels, batch_size, replicas):
 
 def test_one_dimensional_labels_and_reproducibility():
     classes = np.repeat(np.arange(30), 4)
-    a, b = RandomClassSampler(classes, 10, seed=5), RandomClassSampler(classes, 10, seed=5)
+    a, b = RandomClassSampler(classes, batch_size=10, seed=5), RandomClassSampler(
+        classes, batch_size=10, seed=5
+    )
     assert list(a) == list(b)
     assert a.epoch_batches(0) != a.epoch_batches(1)
-    assert a.epoch_batches(0) != RandomClassSampler(classes, 10, seed=6).epoch_batches(0)
+    assert a.epoch_batches(0) != RandomClassSampler(classes, batch_size=10, seed=6).epoch_batches(0)
 
 
 def test_batch_larger_than_dataset_raises():
     with pytest.raises(ValueError, match="cannot fill a batch of 50"):
-        RandomClassSampler(np.repeat(np.arange(5), 3), 50)
+        RandomClassSampler(np.repeat(np.arange(5), 3), batch_size=50)
