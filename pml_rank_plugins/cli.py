@@ -71,6 +71,7 @@ def _guarded(args) -> int:
     """Run a command that loads configs: config mistakes exit 2, failed runs exit 1."""
     from .experiment import ConfigError, UnknownNameError, allow_modules
     from .running import NonFiniteError, RunFolderError, shutdown
+    from .running.tune import StorageError
 
     try:
         if args.allow_module:  # before any config or run folder is read
@@ -82,7 +83,7 @@ def _guarded(args) -> int:
     except (ConfigError, UnknownNameError) as e:
         _report(args, "config error", e)
         return 2
-    except (NonFiniteError, RunFolderError, ValueError, TypeError, OSError) as e:
+    except (NonFiniteError, RunFolderError, StorageError, ValueError, TypeError, OSError) as e:
         _report(args, "error", e)
         return 1
     finally:
@@ -202,6 +203,8 @@ def _run(args) -> int:
         out = evaluate(args.run_dir, args.which, args.device, data_root=data_root)
         print(json.dumps(out, indent=2))
     elif args.command == "compare":
+        if args.allow_budget_change and not args.tuned:
+            raise _BadArgument("--allow-budget-change applies only with --tuned DIR")
         methods = _methods(args)
         paths = _config_paths(args.configs)
         data_root = _data_root(args)
@@ -215,6 +218,7 @@ def _run(args) -> int:
             methods=methods,
             data_root=data_root,
             tuned=args.tuned,
+            allow_budget_change=args.allow_budget_change,
             **_pick(args, RUN_OPTIONS),
         )
         if is_main_process():  # torchrun: one report, from rank 0
@@ -250,6 +254,10 @@ def _run(args) -> int:
         print((Path(args.out) / "tune.md").read_text(), end="")
         failed = sum(s["states"].get("fail", 0) for s in summary["methods"].values())
         print(f"outputs in {args.out}; {failed} failed trial(s)")
+        empty = [m for m, s in summary["methods"].items() if s["best_params"] is None]
+        if empty:
+            print(f"pml-rank: no complete trial for {empty}; see tune.md", file=sys.stderr)
+            return 1
     elif args.command == "check":
         paths = [str(p) for p in _config_paths(args.configs)]
         with repeated_logs_once():  # "metric_loss has no parameters" once, with a count

@@ -164,8 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--tuned",
         default=None,
         metavar="DIR",
-        help="retrain every method with the best parameters of a `pml-rank tune` run, on fresh "
-        "seeds, e.g. --tuned runs/tune",
+        help="retrain every method with the best parameters of a `pml-rank tune` run, at the "
+        "budget it was tuned at, on fresh seeds, e.g. --tuned runs/tune",
+    )
+    c.add_argument(
+        "--allow-budget-change",
+        action="store_true",
+        help="with --tuned: let --set change the tuned budget (e.g. trainer.num_epochs); the "
+        "change is recorded in summary.json",
     )
 
     tu = sub.add_parser(

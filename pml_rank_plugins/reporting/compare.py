@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..experiment.methods import check_methods, collect_methods
+from ..experiment.tuned import config_hash, load_tuned, tuned_configs
 from ..running import distributed
 from ..running.pool import Job, execute, is_failed, make_jobs
-from ..running.tune import apply_tuned, load_tuned
 from . import retrieval
 from .summary import primary_metric, summarize, write_outputs
 
@@ -50,6 +50,7 @@ def run_comparison(
     overwrite: bool = False,
     data_root: str | None = None,
     tuned: str | Path | None = None,
+    allow_budget_change: bool = False,
 ) -> dict:
     """Train every method with seeds ``seed, seed+1, ...``; write tables, plots and pictures.
 
@@ -60,14 +61,20 @@ def run_comparison(
     configs' ``data_root`` (``--data-root``; a ``--set data_root=...`` wins). Returns the summary
     dict (see :func:`.summary.summarize`); ``summary["failed"]`` lists failed runs (the CLI then
     exits non-zero). ``tuned``: the ``--out`` of a ``pml-rank tune`` run; every method is
-    retrained with its ``best_params`` on fresh seeds (after the tuning seed), and
-    ``summary["tuned_from"]`` records the folder.
+    retrained from the config its study recorded plus its ``best_params``, on fresh seeds (after
+    the tuning seed); a ``--set`` that changes the tuned budget is a ConfigError unless
+    ``allow_budget_change`` (:func:`pml_rank_plugins.experiment.tuned.tuned_configs`).
+    ``summary["tuned_from"]``, ``tuned_params``, ``tuned_config_hash`` and ``budget_changes``
+    record what was trained.
     """
     out_dir = Path(out_dir)
     selected = collect_methods(configs, overrides, methods, data_root)
     tuned_run = load_tuned(tuned) if tuned is not None else None
+    changes: dict = {}
     if tuned_run is not None:
-        selected = apply_tuned(selected, tuned_run)
+        selected, changes = tuned_configs(
+            tuned_run, selected, overrides, data_root, allow_budget_change
+        )
     if reference is not None and reference not in selected:
         raise ValueError(f"--reference {reference!r}: not one of the methods {list(selected)}")
     check_methods(selected)
@@ -83,6 +90,8 @@ def run_comparison(
     if tuned_run is not None:
         summary["tuned_from"] = str(tuned)
         summary["tuned_params"] = {m: tuned_run["methods"][m]["best_params"] for m in selected}
+        summary["tuned_config_hash"] = {m: tuned_run["methods"][m]["config_hash"] for m in selected}
+        summary["budget_changes"] = changes
     if distributed.is_main_process():  # under torchrun: rank 0 writes
         if pictures:
             summary["pictures"] = write_pictures(results, all_jobs, device)

@@ -1,10 +1,12 @@
 """``pml-rank tune`` outputs: ``tune.json``, ``tune.md``, ``tune_history.png`` and one
 parameter-importance plot per method (``importance_<method>.png``).
 
-``tune.json`` holds ``{"storage": URL without password, "out_dir", "trials",
-"methods": {method: {best_params, best_value, best_trial, n_trials, states, wall_seconds,
-seed}}}``; ``pml-rank compare CONFIG --tuned OUT`` reads it
-(:func:`pml_rank_plugins.running.tune.apply_tuned`). The history plot shows, per method, the best
+``tune.json`` holds ``{"format": 2, "storage": URL without password, "out_dir", "trials",
+"objective", "methods": {method: {best_params, best_value, best_trial, n_trials, states,
+wall_seconds, seed, direction, config, config_hash, data_root}}}``: ``config`` is the complete
+effective config the method's trials were built from (the budget), ``config_hash`` its hash;
+``pml-rank compare CONFIG --tuned OUT`` trains exactly that
+(:func:`pml_rank_plugins.experiment.tuned.tuned_configs`). The history plot shows, per method, the best
 validation value found so far against the trial number (complete trials only); the importance
 plot is Optuna's fANOVA importance (needs two complete trials with different values).
 """
@@ -20,7 +22,9 @@ import optuna
 from optuna.trial import TrialState
 
 from ..experiment.methods import check_methods, collect_methods, slug
-from ..running.tune import TUNE_FILE, check_tune_config, tune
+from ..experiment.search_space import check_tune_config
+from ..experiment.tuned import TUNE_FILE, TUNE_FORMAT
+from ..running.tune import tune
 from . import style
 from .tables import metric_label
 
@@ -57,6 +61,7 @@ def run_tune(
     selected = collect_tune_methods(configs, overrides, methods, data_root)
     summary, studies = tune(selected, out_dir, trials, storage, jobs, device)
     out_dir = Path(out_dir)
+    summary["format"] = TUNE_FORMAT
     summary["out_dir"] = str(out_dir)
     summary["trials"] = {m: s["n_trials"] for m, s in summary["methods"].items()}
     primary = (next(iter(selected.values())).get("eval") or {}).get(

@@ -145,10 +145,13 @@ def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
     running = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
     assert [t.state for t in running] == [TrialState.RUNNING]
 
-    cfg = contrastive_only()  # 2 epochs: the rest of the budget is quick
+    # the same budget (a study refuses another config); the pruner, not part of the budget,
+    # stops the remaining trials after their first epoch so the test stays quick
+    cfg = contrastive_only(epochs=40)
+    cfg["tune"]["pruner"] = {"ThresholdPruner": {"lower": 0.99, "n_warmup_steps": 0}}
     summary = run_tune([cfg], out, trials=3)
     trials = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
-    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.PRUNED, TrialState.PRUNED]
     assert summary["methods"]["PML Contrastive"]["n_trials"] == 3
     # new trials got new folders; the interrupted trial's folder was not reused
     assert sorted(p.name for p in (out / "PML_Contrastive").iterdir()) == [
@@ -157,7 +160,4 @@ def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
         "trial2",
     ]
     assert not (out / "PML_Contrastive" / "trial0" / "metrics.json").exists()
-    assert (
-        json.loads((out / "PML_Contrastive" / "trial1" / "metrics.json").read_text())["status"]
-        == "finished"
-    )
+    assert (out / "PML_Contrastive" / "trial1" / "checkpoints" / "latest.pt").exists()
