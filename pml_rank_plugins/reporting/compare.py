@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..experiment.methods import check_methods, collect_methods
-from ..experiment.tuned import config_hash, load_tuned, tuned_configs
+from ..experiment.tuned import load_tuned, tuned_configs
 from ..running import distributed
 from ..running.pool import Job, execute, is_failed, make_jobs
 from . import retrieval

@@ -38,7 +38,6 @@ import concurrent.futures as cf
 import contextlib
 import copy
 import fcntl
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -66,7 +65,7 @@ from ..experiment.search_space import (
     optuna_object,
     tune_section,
 )
-from ..experiment.tuned import TUNE_FILE, budget_config, config_hash, differences
+from ..experiment.tuned import budget_config, config_hash, differences
 from . import distributed, run_folder, runner
 from .parent import exit_with_parent, pid_alive
 from .pool import child_environment
