@@ -135,12 +135,12 @@ def differences_table(summary: dict, label: str = "method") -> str:
         "\nΔ = method − reference, mean ± 95% CI half-width of the paired differences; `*`: that"
         " CI excludes 0 (one comparison on its own, not corrected for the others). p: two-sided"
         " paired t-test (scipy.stats.ttest_rel) and Wilcoxon signed-rank test (only when n >= 6),"
-        f" raw and Holm-adjusted over the table's comparisons against {ref} ({k} for the t-test;"
-        " each test its own family; statsmodels multipletests). The verdict uses the Holm-adjusted t-test:"
-        f" higher/lower when it is below {statistics.ALPHA:g}. MDD: the smallest true difference"
-        f" the paired t-test detects with {statistics.POWER:.0%} power at that row's n and paired"
-        f" standard deviation (two-sided α = {statistics.ALPHA:g}, uncorrected; it shrinks about"
-        " as 1/√n): an inconclusive row whose MDD is larger than the differences that matter"
+        f" raw and Holm-adjusted over the table's comparisons against {ref} ({k} for the"
+        " t-test; each test its own family; statsmodels multipletests). The verdict uses the"
+        f" Holm-adjusted t-test: higher/lower when it is below {statistics.ALPHA:g}. MDD: the"
+        f" smallest true difference the paired t-test detects with {statistics.POWER:.0%} power"
+        " at that row's n and paired standard deviation (two-sided α ="
+        f" {statistics.ALPHA:g}, uncorrected; it shrinks about as 1/√n): an inconclusive row whose MDD is larger than the differences that matter"
         " needs more seeds.\n\n"
     )
     if margin is None:
@@ -150,10 +150,10 @@ def differences_table(summary: dict, label: str = "method") -> str:
         )
     else:
         text += (
-            f"TOST: two one-sided paired t-tests of |Δ{pl}| >= {_margin(margin)} points (the config's"
-            " `compare.equivalence_margin`); a row's p is the larger of the two (both must"
-            " reject), Holm-adjusted over the table's rows like the t-test; \"equivalent within"
-            f' ±{_margin(margin)}" when it is below {statistics.ALPHA:g}.\n'
+            f"TOST: two one-sided paired t-tests of |Δ{pl}| >= {_margin(margin)} points (the"
+            " config's `compare.equivalence_margin`); a row's p is the larger of the two (both"
+            " must reject), Holm-adjusted over the table's rows like the t-test; \"equivalent"
+            f' within ±{_margin(margin)}" when it is below {statistics.ALPHA:g}.\n'
         )
     return text
 

@@ -113,7 +113,8 @@ def test_format_marks_differences_whose_interval_excludes_zero():
 
 
 def _holm_loop(ps: list[float]) -> list[float]:
-    """Holm (1979) from its definition: sort ascending, p~_(i) = min(1, max_{j<=i} (k-j+1) p_(j))."""
+    """Holm (1979) from its definition: sorted ascending,
+    p~_(i) = min(1, max_{j<=i} (k-j+1) p_(j))."""
     k = len(ps)
     order = sorted(range(k), key=lambda i: ps[i])
     out = [0.0] * k

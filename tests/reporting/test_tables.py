@@ -144,3 +144,16 @@ def test_csv_carries_holm_mdd_tost_and_verdict(tmp_path):
     assert rows["ref"]["verdict"] == "" and rows["ref"]["p_tost"] == ""
     write_csv(summarize(_results(REF5, noise)), tmp_path / "none.csv")
     assert {r["p_tost"] for r in csv.DictReader(open(tmp_path / "none.csv"))} == {""}
+
+
+def test_differences_note_states_the_family_the_power_and_the_missing_margin():
+    text = markdown_table(summarize(synthetic_results(seeds=3)))
+    note = text.split("in points of %:")[1]
+    assert (
+        "Holm-adjusted over the table's comparisons against plugin FastAP (4 for the t-test" in note
+    )
+    assert "detects with 80% power" in note and "two-sided α = 0.05" in note
+    assert "No equivalence test" in note
+    head = next(ln for ln in note.splitlines() if ln.startswith("| method | n pairs"))
+    assert "| p t-test (MAP@R) | t-test Holm | p Wilcoxon (MAP@R) | Wilcoxon Holm |" in head
+    assert head.endswith("| MDD (MAP@R) | MAP@R vs plugin FastAP |")
