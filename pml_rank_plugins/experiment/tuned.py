@@ -46,7 +46,13 @@ RERUN_FIX = (
 # the best epoch, so they belong to the budget).
 ALLOWED_KEYS = ("seed", "device", "data_root", "name")
 ALLOWED_LAST = ("dataloader_num_workers",)
-EVALUATION_ONLY = ("eval.test", "eval.revisited", "eval.metrics", "eval.recall_at_k")
+EVALUATION_ONLY = (
+    "eval.test",
+    "eval.revisited",
+    "eval.metrics",
+    "eval.recall_at_k",
+    "compare",  # how the tables are tested (compare.equivalence_margin), not what is trained
+)
 
 
 def budget_config(config: Mapping) -> tuple[dict, str | None]:
@@ -168,17 +174,25 @@ def tuned_configs(
     overrides: Iterable[str] = (),
     data_root: str | None = None,
     allow_budget_change: bool = False,
+    subset: bool = False,
 ) -> tuple[dict[str, dict], dict[str, list[dict]]]:
     """Each method of ``configs`` (the config files' methods, ``--set`` applied) rebuilt from its
     recorded tuned config, ``overrides`` (``--set``) and ``best_params``, on seeds after the
-    tuning seed.
+    tuning seed (a ``--set seed=S`` wins).
 
     Returns ``({method: config}, {method: [{"key", "tuned", "used", "set"}]})``; the second is
     empty unless ``allow_budget_change`` let a budget change through. ``data_root``: the
     ``--data-root`` (else the recorded one). The config files only select the methods: where a
-    file now differs from the recorded config, the recorded one is used (logged).
+    file now differs from the recorded config, the recorded one is used (logged). Unless
+    ``subset`` (``--methods`` given), every tuned method must be in ``configs``.
     """
     entries = tuned["methods"]
+    absent = [m for m in entries if m not in configs]
+    if absent and not subset:
+        raise ConfigError(
+            f"--tuned: method {absent[0]!r} of tune.json is not in the config (have "
+            f"{list(configs)}); give the config it was tuned from, or choose with --methods"
+        )
     sets = parse_set(list(overrides))
     out: dict[str, dict] = {}
     changes: dict[str, list[dict]] = {}
@@ -230,6 +244,7 @@ def tuned_configs(
                 f"--tuned: method {method!r} has no eval.test split; a tuned "
                 "comparison reports test metrics (set eval.test)"
             )
-        new["seed"] = int(entry.get("seed", cfg.get("seed", 0))) + 1
+        if not any(path == ["seed"] for path, _ in sets):
+            new["seed"] = int(entry.get("seed", cfg.get("seed", 0))) + 1
         out[method] = new
     return out, changes

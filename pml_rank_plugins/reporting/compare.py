@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..experiment.methods import check_methods, collect_methods
+from ..experiment.schema import equivalence_margin
 from ..experiment.tuned import load_tuned, tuned_configs
 from ..running import distributed
 from ..running.pool import Job, execute, is_failed, make_jobs
@@ -73,7 +74,7 @@ def run_comparison(
     changes: dict = {}
     if tuned_run is not None:
         selected, changes = tuned_configs(
-            tuned_run, selected, overrides, data_root, allow_budget_change
+            tuned_run, selected, overrides, data_root, allow_budget_change, subset=bool(methods)
         )
     if reference is not None and reference not in selected:
         raise ValueError(f"--reference {reference!r}: not one of the methods {list(selected)}")
@@ -82,8 +83,9 @@ def run_comparison(
     t_all = time.perf_counter()
     all_jobs = make_jobs(selected, out_dir, seeds)
     results = execute(all_jobs, resume, device, jobs, desc="compare", overwrite=overwrite)
-    primary = primary_metric(next(iter(selected.values())))
-    summary = summarize(results, reference=reference, primary=primary)
+    first = next(iter(selected.values()))
+    margin = equivalence_margin(first)
+    summary = summarize(results, reference=reference, primary=primary_metric(first), margin=margin)
     summary["total_wall_seconds"] = time.perf_counter() - t_all
     summary["seeds"] = seeds
     summary["jobs"] = jobs

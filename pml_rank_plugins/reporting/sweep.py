@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 
 from ..experiment.methods import check_methods, collect_methods, slug
-from ..experiment.schema import ConfigError
+from ..experiment.schema import ConfigError, equivalence_margin
 from ..running import distributed
 from ..running.pool import execute, make_jobs
 from . import style
@@ -105,8 +105,14 @@ def run_sweep(
     t0 = time.perf_counter()
     all_jobs = make_jobs(configs, out_dir, seeds)
     results = execute(all_jobs, resume, device, jobs, desc="sweep", overwrite=overwrite)
-    primary = primary_metric(next(iter(configs.values())))
-    summary = summarize(results, reference=reference, primary=primary, label="cell")
+    first = next(iter(configs.values()))
+    summary = summarize(
+        results,
+        reference=reference,
+        primary=primary_metric(first),
+        label="cell",
+        margin=equivalence_margin(first),
+    )
     summary.update(
         method=method,
         grid=grid,

@@ -358,4 +358,19 @@ def run_info(ctx: DistContext, amp: dict | None = None) -> dict:
         "pml_rank_plugins": __version__,
         "python": platform.python_version(),
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        # runs are bit-reproducible on one machine, not across CPU models: say which one
+        "cpu": cpu_model(),
+        "torch_threads": torch.get_num_threads(),
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

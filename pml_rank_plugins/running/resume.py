@@ -16,7 +16,8 @@ from ..experiment.schema import MISSING, ConfigError, config_diff
 # Config keys that may change when resuming: they extend or shorten the budget, nothing else.
 BUDGET_KEYS = ("trainer.*.num_epochs", "eval.patience", "eval.test_interval")
 # Where the files are, not what is trained: may change too (as `eval --data-root` may).
-LOCATION_KEYS = ("data_root",)
+# where the data is, and how the tables test (not what is trained)
+LOCATION_KEYS = ("data_root", "compare.equivalence_margin")
 
 
 def check_resume_config(saved: dict, config: dict, saved_path: Path) -> None:
@@ -27,7 +28,7 @@ def check_resume_config(saved: dict, config: dict, saved_path: Path) -> None:
         shown = "; ".join(f"{path}: {_show(old)} -> {_show(new)}" for path, old, new in changed)
         raise ConfigError(
             f"--resume: config differs from {saved_path} in {shown}. Only the budget "
-            f"({', '.join(BUDGET_KEYS)}) and data_root may change on resume; train the changed config into "
+            f"({', '.join(BUDGET_KEYS)}) , data_root and compare.equivalence_margin may change on resume; train the changed config into "
             "another --out (or pass --overwrite without --resume to start again)"
         )
 

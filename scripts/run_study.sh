@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The fair comparison on Omniglot (issue 27; configs/studies/omniglot.yaml), phase by phase.
+# Every phase is resumable: rerun the same command after an interruption (a killed `tune`
+# continues its studies, marking the interrupted trial failed; `compare --resume` reuses
+# finished runs and continues interrupted ones). Run from the repository root:
+#   scripts/run_study.sh                    # every phase, in order
+#   scripts/run_study.sh probe              # one phase: probe | tune | tuned | defaults | publish
+# Phases:
+#   probe     convergence probe: 3 methods x 3 seeds, up to 60 epochs, patience 10, no test split
+#   tune      30 TPE trials per method (the config's tune section), --jobs 2
+#   tuned     the best setting of each method, 10 seeds (seeds 1-10), test at the best epoch
+#   defaults  each method at its default setting on the same 10 seeds (paired with `tuned`)
+#   publish   copy the small outputs (json, md, csv, figures; never checkpoints) to docs/study/
+# Environment: PML_RANK_DATA (default ../shared/data), OUT (default runs/study), JOBS (default
+# 2), PYTHON (default .venv/bin/python if present, else python). One torch thread per run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA_ROOT=${PML_RANK_DATA:-../shared/data}
+OUT=${OUT:-runs/study}
+JOBS=${JOBS:-2}
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
+fi
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+CONFIG=studies/omniglot
+PROBE_METHODS="plugin FastAP,plugin RankedList,PML Contrastive"
+PHASES=("$@")
+if [ ${#PHASES[@]} -eq 0 ]; then PHASES=(probe tune tuned defaults publish); fi
+
+cli() { "$PYTHON" -m pml_rank_plugins "$@"; }
+
+phase() {
+  case "$1" in
+    probe)
+      # configs/omniglot.yaml: the study's data, trunk, sampler and batch at default settings
+      cli compare omniglot --data-root "$DATA_ROOT" --methods "$PROBE_METHODS" --seeds 3 \
+        --jobs "$JOBS" --resume --out "$OUT/probe" \
+        --set trainer.num_epochs=60 --set eval.patience=10 --set 'eval.test=[]' ;;
+    tune)
+      cli tune "$CONFIG" --data-root "$DATA_ROOT" --jobs "$JOBS" --out "$OUT/tune" ;;
+    tuned)
+      cli compare "$CONFIG" --data-root "$DATA_ROOT" --tuned "$OUT/tune" --seeds 10 \
+        --jobs "$JOBS" --resume --out "$OUT/tuned" ;;
+    defaults)
+      # seed=1: the tuned runs use seeds 1-10 (the tuning seed 0 + 1 + i), so the pairs match
+      cli compare "$CONFIG" --data-root "$DATA_ROOT" --seeds 10 --set seed=1 \
+        --jobs "$JOBS" --resume --out "$OUT/defaults" ;;
+    publish)
+      for part in probe tune tuned defaults; do
+        [ -d "$OUT/$part" ] || continue
+        mkdir -p "docs/study/$part"
+        find "$OUT/$part" -maxdepth 1 -type f \( -name '*.json' -o -name '*.md' -o -name '*.csv' \
+          -o -name '*.png' \) ! -name '.*' -exec cp {} "docs/study/$part/" \;
+      done
+      "$PYTHON" scripts/study_report.py "$OUT" docs/study ;;
+    *) echo "run_study.sh: unknown phase $1 (probe, tune, tuned, defaults, publish)" >&2; exit 2 ;;
+  esac
+}
+
+for p in "${PHASES[@]}"; do
+  echo "=== $p: start $(date -u +%FT%TZ)"
+  t0=$(date +%s)
+  phase "$p"
+  echo "=== $p: done $(date -u +%FT%TZ) in $(( $(date +%s) - t0 )) s"
+done

@@ -1,0 +1,138 @@
+"""Small reports of the Omniglot study (scripts/run_study.sh publish): the convergence probe.
+
+    python scripts/study_report.py runs/study docs/study
+
+Reads ``OUT/probe/<method>/seed<i>/metrics.json`` (validation primary metric per epoch) and
+writes ``DOCS/probe/convergence.json``, ``convergence.md`` and ``probe_curves.png``:
+
+* per run, the best-so-far validation curve (what early stopping keeps; a run that stopped early
+  stays at its best after its last epoch);
+* per method, the mean of those curves over seeds, its plateau (the last value) and the first
+  epoch where the mean is within ``TOLERANCE`` (0.5 points) of the plateau;
+* the budget: that epoch for the method with the highest plateau ("the best curve").
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+TOLERANCE = 0.005  # 0.5 points of the primary metric (a fraction)
+
+
+def load_curves(probe: Path, primary: str) -> dict[str, dict[str, list[float]]]:
+    """``{method: {run: [validation value per epoch]}}`` from the probe's run folders."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for metrics in sorted(probe.glob("*/seed*/metrics.json")):
+        m = json.loads(metrics.read_text())
+        if m.get("status") != "finished":
+            continue
+        vals = [next(iter(r["validation"].values()))[primary] for r in m["history"]]
+        out.setdefault(m["name"], {})[metrics.parent.name] = vals
+    return out
+
+
+def best_so_far(values: list[float], epochs: int) -> np.ndarray:
+    """Running maximum, carried to ``epochs`` entries (early stopping keeps the best)."""
+    run = np.maximum.accumulate(np.asarray(values, dtype=float))
+    return np.concatenate([run, np.full(epochs - run.size, run[-1])])
+
+
+def convergence(curves: dict[str, dict[str, list[float]]]) -> dict:
+    """Per method: seeds, mean best-so-far curve, plateau, converged epoch; and the budget."""
+    epochs = max(len(v) for runs in curves.values() for v in runs.values())
+    methods = {}
+    for method, runs in curves.items():
+        mean = np.mean([best_so_far(v, epochs) for v in runs.values()], axis=0)
+        plateau = float(mean[-1])
+        first = int(np.argmax(mean >= plateau - TOLERANCE)) + 1
+        methods[method] = {
+            "seeds": len(runs),
+            "epochs_run": {r: len(v) for r, v in runs.items()},
+            "mean_best_so_far": mean.tolist(),
+            "plateau": plateau,
+            "converged_epoch": first,
+        }
+    best = max(methods, key=lambda k: methods[k]["plateau"])
+    return {
+        "tolerance": TOLERANCE,
+        "best_method": best,
+        "budget_epochs": methods[best]["converged_epoch"],
+        "methods": methods,
+    }
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        "| method | seeds | epochs run (per seed) | plateau (%) | within 0.5 points from epoch |",
+        "| --- | ---: | --- | ---: | ---: |",
+    ]
+    for method, m in report["methods"].items():
+        runs = ", ".join(str(m["epochs_run"][r]) for r in sorted(m["epochs_run"]))
+        lines.append(
+            f"| {method} | {m['seeds']} | {runs} | {100 * m['plateau']:.2f} | "
+            f"{m['converged_epoch']} |"
+        )
+    lines += [
+        "",
+        f"Best curve: {report['best_method']}; budget: {report['budget_epochs']} "
+        "epochs (the first epoch where its mean best-so-far validation value is within 0.5 "
+        "points of its plateau).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(curves: dict, report: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    for i, (method, runs) in enumerate(curves.items()):
+        color = f"C{i}"
+        for vals in runs.values():
+            ax.plot(
+                range(1, len(vals) + 1),
+                [100 * v for v in vals],
+                color=color,
+                alpha=0.3,
+                linewidth=0.8,
+            )
+        mean = report["methods"][method]["mean_best_so_far"]
+        ax.plot(
+            range(1, len(mean) + 1),
+            [100 * v for v in mean],
+            color=color,
+            linewidth=2,
+            label=f"{method} (mean best so far)",
+        )
+    ax.axvline(report["budget_epochs"], color="k", linestyle=":", label="budget")
+    ax.set_xlabel("epoch (50 updates each)")
+    ax.set_ylabel("validation MAP@R (%)")
+    ax.set_title("Convergence probe: validation MAP@R per epoch (thin: each seed)")
+    ax.legend(fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(out: str, docs: str) -> int:
+    probe = Path(out) / "probe"
+    curves = load_curves(probe, "mean_average_precision_at_r")
+    if not curves:
+        print(f"study_report: no finished probe runs under {probe}", file=sys.stderr)
+        return 1
+    report = convergence(curves)
+    target = Path(docs) / "probe"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "convergence.json").write_text(json.dumps(report, indent=2))
+    (target / "convergence.md").write_text(markdown(report))
+    plot(curves, report, target / "probe_curves.png")
+    print(markdown(report), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))

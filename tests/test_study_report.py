@@ -1,0 +1,50 @@
+"""scripts/study_report.py: the convergence probe's budget from hand-made curves."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("study_report", ROOT / "scripts" / "study_report.py")
+study_report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(study_report)
+
+
+def test_best_so_far_carries_the_best_after_an_early_stop():
+    got = study_report.best_so_far([0.1, 0.3, 0.2], 5)
+    assert got.tolist() == [0.1, 0.3, 0.3, 0.3, 0.3]
+
+
+def test_budget_is_where_the_best_methods_mean_comes_within_half_a_point():
+    curves = {
+        # mean best-so-far: 0.50, 0.60, 0.6075, 0.61, 0.61 -> plateau 0.61, within 0.005 at 3
+        "a": {"seed0": [0.5, 0.6, 0.605, 0.61, 0.60], "seed1": [0.5, 0.6, 0.61]},
+        "b": {"seed0": [0.2, 0.4, 0.5, 0.55, 0.56]},  # plateau 0.56 < 0.61: not the best curve
+    }
+    report = study_report.convergence(curves)
+    a = report["methods"]["a"]
+    assert a["mean_best_so_far"] == pytest.approx([0.5, 0.6, 0.6075, 0.61, 0.61])
+    assert a["plateau"] == pytest.approx(0.61) and a["converged_epoch"] == 3
+    assert report["methods"]["b"]["converged_epoch"] == 5  # 0.55 < 0.56 - 0.005
+    assert report["best_method"] == "a" and report["budget_epochs"] == 3
+
+
+def test_main_writes_the_report_from_run_folders(tmp_path):
+    for seed, vals in (("seed0", [0.4, 0.5]), ("seed1", [0.45, 0.5])):
+        run = tmp_path / "runs" / "probe" / "m" / seed
+        run.mkdir(parents=True)
+        history = [
+            {"epoch": i + 1, "validation": {"val": {"mean_average_precision_at_r": v}}}
+            for i, v in enumerate(vals)
+        ]
+        (run / "metrics.json").write_text(
+            json.dumps({"name": "m", "status": "finished", "history": history})
+        )
+    assert study_report.main(str(tmp_path / "runs"), str(tmp_path / "docs")) == 0
+    report = json.loads((tmp_path / "docs" / "probe" / "convergence.json").read_text())
+    assert report["budget_epochs"] == 2 and report["methods"]["m"]["seeds"] == 2
+    assert (tmp_path / "docs" / "probe" / "probe_curves.png").stat().st_size > 0
