@@ -16,12 +16,19 @@ class FastAPLoss(HistogramAPLoss):
     histogrammed with ``num_bins + 1`` centres ``linspace(0, 4, num_bins + 1)`` and a triangular
     kernel of width ``4 / num_bins`` (the authors' and PML's convention; values outside ``[0, 4]``
     from round-off saturate into the end bins); ``FastAP_i = (1/N+_i) sum_l h+_l H+_l / H_l``
-    (FastAP eq. 14). Values equal PML's ``FastAPLoss`` on batches where PML is defined (see README
-    for the differences: ``indices_tuple`` restricts lists here, ``ref_emb`` is supported,
-    queries without negatives are excluded instead of scoring AP = 1). Drop-in signature: PML's
-    ``FastAPLoss(num_bins=10, **kwargs)``. With a memory bank use
-    :class:`pml_rank_plugins.losses.CrossBatchMemory`: PML's own refuses this class by name
+    (FastAP eq. 14). Values equal PML's ``FastAPLoss`` on batches where PML is defined (see
+    docs/migrating.md for the differences: ``indices_tuple`` restricts lists here, ``ref_emb`` is
+    supported). Drop-in signature: PML's ``FastAPLoss(num_bins=10, **kwargs)``; float16/bfloat16
+    embeddings give the loss in their dtype, as PML's (computed in float32). With a memory bank
+    use :class:`pml_rank_plugins.losses.CrossBatchMemory`: PML's own refuses this class by name
     ("CrossBatchMemory not supported for FastAPLoss").
+
+    A query whose list has positives but no negative -- e.g. when a miner mined it none -- has
+    ``FastAP_i = 1`` exactly (eq. 14 with ``H_l = H+_l``: every prefix of its list is all
+    positives): loss 0, counted among the valid queries and in the mean. A miner that mines no
+    negative at all therefore gives loss 0 with zero gradient; PML's ``FastAPLoss`` ranks the
+    full batch whatever the miner and uses the mined tuples only as per-query weights (e.g. 0.86
+    where this loss gives 0). Queries with no positive are excluded (``num_skipped_queries``).
 
     Cost: O(N M d + N M) time, O(threads * chunk * M) floats (one chunk buffer per CPU thread)
     + N M bytes of working memory, independent of ``num_bins``, plus the

@@ -32,16 +32,27 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     other label without ``indices_tuple``, the self pair removed when ranking the batch against
     itself, or the column ``self_index[i]`` of ``ref_emb`` that holds the query (see
     :class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`); with ``indices_tuple`` only
-    the mined pairs of ``i``). Queries without a positive or
-    without a negative in their list have no defined AP: they are excluded from the loss and
-    counted in ``num_skipped_queries``. Output: ``"element"`` losses ``w_i (1 - AP_i)`` for the
-    valid queries (``w_i = 1`` unless class balancing is on), so the default ``MeanReducer`` gives
-    ``1 - mean AP``. With no valid query -- in particular an empty batch or an empty ``ref_emb``,
-    where every query counts as skipped -- the loss is a zero connected to the graph:
-    ``backward()`` works and gives zero gradients.
+    the mined pairs of ``i``).
 
-    float16/bfloat16 embeddings are computed in float32. ``chunk_size`` bounds memory (query rows
-    per chunk; default: 256K scores or 128 rows, whichever is more, up to 4M scores).
+    Which queries count, from the papers' definition of the AP of a query's ranked list: a query
+    with no positive in its list has no AP (0/0): it is excluded and counted in
+    ``num_skipped_queries``. A query with positives but no negative -- a one-class batch, a
+    reference set without its other classes, or a miner that mined it no negative -- has AP
+    exactly 1 (every prefix of its list is all positives; FastAP eq. 14 with ``H_l = H+_l``,
+    AP_Q eq. 9-11 and mAP_T eq. 13 with ``P_m = 1``): it is valid, with loss 0 (no gradient:
+    nothing to reorder), counted in ``num_valid_queries`` and in the mean. (PML's ``FastAPLoss``
+    gives AP 1 to such queries too, on full lists; with a miner it ranks the full batch and uses
+    the mined tuples only as per-query weights, so a miner that mines no negative still gets
+    PML's loss of the full lists, e.g. 0.86 where this loss is 0.)
+    Output: ``"element"`` losses ``w_i (1 - AP_i)`` for the valid queries (``w_i = 1`` unless
+    class balancing is on), so the default ``MeanReducer`` gives ``1 - mean AP``. With no query
+    to rank -- no valid query (in particular an empty batch or an empty ``ref_emb``, where every
+    query counts as skipped) or only lists of positives -- the loss is a zero connected to the
+    graph: ``backward()`` works and gives zero gradients.
+
+    float16/bfloat16 embeddings are computed in float32 and the loss is returned in their dtype
+    (as PML's losses return it). ``chunk_size`` bounds memory (query rows per chunk; default:
+    256K scores or 128 rows, whichever is more, up to 4M scores).
 
     float16 gradient range: the gradient is computed in float32 and cast back, so with float16
     embeddings an entry above 65504 becomes ``inf`` (never NaN; the loss stays finite), which
@@ -49,7 +60,10 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     measured at ``N = 32``, ``||x|| ~ 1``, the largest is about 0.04 at the default ``num_bins``
     and about 1e4 at ``num_bins = 1e7`` (the histograms, ``O(N num_bins)``, run out of memory
     before float16 does); rows of norm below about ``1e-6`` or a GradScaler scale above
-    ``65504 / max|grad|`` overflow.
+    ``65504 / max|grad|`` overflow. The loss itself is float16 then, so a loss scale above 65504
+    overflows its own gradient (GradScaler's default first scale, ``2**16``): the embedding
+    gradient is then non-finite (NaN), which GradScaler treats as any overflow -- it skips that
+    step and halves the scale (measured; PML's float16 ``FastAPLoss`` does the same).
     """
 
     def __init__(self, chunk_size: int | None = None, **kwargs):
@@ -76,6 +90,31 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
         return None
 
     # -- PML --------------------------------------------------------------------------------------
+    def forward(
+        self,
+        embeddings,
+        labels=None,
+        indices_tuple=None,
+        ref_emb=None,
+        ref_labels=None,
+        *,
+        self_index=None,
+    ):
+        """PML's ``forward`` (with ``self_index``, see :class:`SelfIndexForward`), returning the
+        loss in the embeddings' dtype.
+
+        float16/bfloat16 embeddings are computed in float32, reducer included; the reduced loss
+        is then cast to their dtype, as PML's losses return it (``torch.isclose`` against a
+        float16 loss needs a float16 loss). The cast is differentiable: the gradient reaches the
+        embeddings through it.
+        """
+        loss = super().forward(
+            embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=self_index
+        )
+        if embeddings.is_floating_point() and loss.dtype != embeddings.dtype:
+            loss = loss.to(embeddings.dtype)
+        return loss
+
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
         # The glue around the kernel on one torch thread (see chunk_threads.one_torch_thread).
         glue = glue_elements(embeddings, ref_emb, dense_pairs=indices_tuple is not None)
@@ -101,12 +140,19 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
             categories, num_pos, num_neg = self._list_categories(
                 labels, ref_labels, indices_tuple, is_self or self_index is not None
             )
-            valid = (num_pos > 0) & (num_neg > 0)
+            # AP is defined for every query with a positive. A list of positives only has AP 1
+            # (FastAP eq. 14: H_l = H+_l; AP_Q eq. 9-11 and mAP_T eq. 13: P_m = 1): loss 0,
+            # exactly, counted in the mean without running the kernel.
+            valid = num_pos > 0
+            ranked = valid & (num_neg > 0)
         self.num_valid_queries = int(valid.sum())
         self.num_skipped_queries = len(valid) - self.num_valid_queries
-        if self.num_valid_queries == 0:
+        if not bool(ranked.any()):  # no valid query, or only lists of positives (AP 1)
             return self._connected_zero(queries, refs)
-        rows = torch.nonzero(valid).squeeze(1)
+        valid_rows = torch.nonzero(valid).squeeze(1)
+        rows = torch.nonzero(ranked).squeeze(1)
+        # Where the kernel's losses go among the valid queries' (the others stay 0).
+        slots = torch.nonzero(ranked[valid]).squeeze(1) if len(rows) < len(valid_rows) else None
         if isinstance(categories, torch.Tensor):
             categories = categories[rows]
         else:
@@ -115,20 +161,25 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
                 self_columns = self_index[rows]
             categories = LabelCategories(labels[rows], ref_labels, self_columns)
         offset, scale = self._bin_transform()
-        if self.num_skipped_queries:  # (no index when every query is valid: same values)
+        if len(rows) < len(queries):  # (no index when every query is ranked: same values)
             queries = one_thread_apply(lambda q: q[rows], queries)
         hist = pair_histograms(
             queries, refs, categories, offset, scale, self.num_intervals, self.chunk_size
         )
         num_pos = num_pos[rows].to(dtype)
-        weights = self._query_weights(labels[rows])
+        weights = self._query_weights(labels[valid_rows])  # over all valid queries
+        if weights is not None and slots is not None:
+            weights = weights[slots]
 
         def list_losses(hist: torch.Tensor) -> torch.Tensor:
             losses = 1 - self._average_precision(hist[:, 0], hist[:, 1], num_pos)
-            return losses if weights is None else losses * weights.to(dtype)
+            losses = losses if weights is None else losses * weights.to(dtype)
+            if slots is None:
+                return losses
+            return losses.new_zeros(len(valid_rows)).index_copy(0, slots, losses)
 
         losses = one_thread_apply(list_losses, hist)
-        return {"loss": {"losses": losses, "indices": rows, "reduction_type": "element"}}
+        return {"loss": {"losses": losses, "indices": valid_rows, "reduction_type": "element"}}
 
     @staticmethod
     def _connected_zero(queries: torch.Tensor, refs: torch.Tensor) -> dict:

@@ -17,7 +17,10 @@ class QuantizedAPLoss(HistogramAPLoss):
     ``b_m = 1 - (m - 1) delta``, ``delta = 2 / (num_bins - 1)`` (most similar first), triangular
     kernel of half-width ``delta``, end bins saturating (Revaud eq. 7-8).
     ``AP_Q = sum_m P_m dr_m`` (eq. 9-11); with ``tie_aware`` the precision of a bin is the tie-aware
-    ``P_m = (1 + c+_m + 2 C+_{m-1}) / (1 + c_m + 2 C_{m-1})`` (eq. 13).
+    ``P_m = (1 + c+_m + 2 C+_{m-1}) / (1 + c_m + 2 C_{m-1})`` (eq. 13). A query whose list has
+    positives but no negative (e.g. a miner mined it none) has ``P_m = 1`` in both, so AP 1:
+    loss 0, counted among the valid queries (and in the class balance); queries with no positive
+    are excluded. float16/bfloat16 embeddings give the loss in their dtype (computed in float32).
 
     ``class_balanced=True`` (Revaud sec. 4.2) weights the valid queries so that every class present
     among them carries the same total weight, with weights averaging 1 (so the loss scale is

@@ -83,13 +83,75 @@ def test_perfectly_separated_classes_give_zero_loss():
     assert FastAPLoss(10)(emb, labels).item() == pytest.approx(0.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("n, num_classes", [(6, 1), (1, 1)])
-def test_one_class_or_single_item_gives_zero_loss_and_counts_skips(n, num_classes):
-    emb = torch.randn(n, 4, requires_grad=True)
+def test_one_class_batch_has_ap_one_per_query_zero_loss_and_zero_gradient():
+    # Every query has positives and no negative: AP 1 by the paper's definition (eq. 14 with
+    # H_l = H+_l), so each query is valid with loss 0 -- as PML's FastAPLoss scores them.
+    emb = torch.randn(6, 4, requires_grad=True)
+    labels = torch.zeros(6, dtype=torch.long)
     loss_fn = FastAPLoss(collect_stats=True)
-    loss = loss_fn(emb, torch.zeros(n, dtype=torch.long))
+    loss = loss_fn(emb, labels)
+    loss.backward()
+    assert loss.item() == 0 and torch.equal(emb.grad, torch.zeros(6, 4))
+    assert loss_fn.num_valid_queries == 6 and loss_fn.num_skipped_queries == 0
+    assert PMLFastAPLoss()(emb, labels).item() == pytest.approx(0, abs=1e-6)  # its round-off
+
+
+def test_single_item_has_no_positive_and_is_skipped():
+    emb = torch.randn(1, 4, requires_grad=True)
+    loss_fn = FastAPLoss(collect_stats=True)
+    loss = loss_fn(emb, torch.zeros(1, dtype=torch.long))
     assert loss.item() == 0 and torch.isfinite(loss)
-    assert loss_fn.num_skipped_queries == n and loss_fn.num_valid_queries == 0
+    assert loss_fn.num_skipped_queries == 1 and loss_fn.num_valid_queries == 0
+
+
+def positive_pairs(labels):
+    """PML's (a1, p, a2, n) with every same-label pair (no self pair) and no negative pair."""
+    same = labels[:, None] == labels[None, :]
+    same.fill_diagonal_(False)
+    a1, p = torch.nonzero(same, as_tuple=True)
+    empty = torch.zeros(0, dtype=torch.long)
+    return a1, p, empty, empty.clone()
+
+
+def test_a_miner_that_mines_no_negative_leaves_lists_of_positives_with_ap_one():
+    # The issue's case: a miner that mines no negative. Each query's list (its mined pairs) holds
+    # positives only, whose AP is 1 (every prefix is all positives): loss 0, every query with a
+    # mined positive valid, zero gradient. PML ranks the full batch instead and uses the tuples as
+    # per-query weights, so it reports its full lists' loss (0.86 on the issue's batch).
+    emb, labels = make_embeddings_and_labels(n=16, dim=4, num_classes=3, seed=5)
+    pairs = positive_pairs(labels)
+    loss_fn = FastAPLoss(collect_stats=True)
+    loss = loss_fn(emb, labels, indices_tuple=pairs)
+    (grad,) = torch.autograd.grad(loss, emb)
+    assert loss.item() == 0 and torch.equal(grad, torch.zeros_like(emb))
+    assert loss_fn.num_valid_queries == 16 and loss_fn.num_skipped_queries == 0
+    assert PMLFastAPLoss()(emb, labels, indices_tuple=pairs).item() > 0.5
+
+
+def test_queries_left_without_negatives_count_as_ap_one_in_the_mean():
+    # Mixed: queries 0-7 keep their mined negatives, queries 8-15 get none. The mean runs over
+    # all 16 valid queries, the last 8 with AP 1 (loop reference: eq. 14 on each mined list).
+    emb, labels = make_embeddings_and_labels(n=16, dim=4, num_classes=3, seed=7)
+    a1, p, _, _ = positive_pairs(labels)
+    a2, n = torch.nonzero(labels[:, None] != labels[None, :], as_tuple=True)
+    keep = a2 < 8
+    a2, n = a2[keep], n[keep]
+    loss_fn = FastAPLoss(6, collect_stats=True)
+    loss = loss_fn(emb, labels, indices_tuple=(a1, p, a2, n))
+    (grad,) = torch.autograd.grad(loss, emb)
+    _, aps = fastap_reference(
+        emb,
+        labels.tolist(),
+        6,
+        pairs=(list(zip(a1.tolist(), p.tolist())), list(zip(a2.tolist(), n.tolist()))),
+    )
+    assert all(ap is not None for ap in aps[:8]) and aps[8:] == [None] * 8  # reference: no AP
+    want = sum(1 - ap for ap in aps[:8]) / 16  # the other 8: 1 - AP = 0
+    (want_grad,) = torch.autograd.grad(want, emb)
+    assert loss_fn.num_valid_queries == 16 and loss_fn.num_skipped_queries == 0
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(grad, want_grad)
+    assert grad[8:].abs().sum() > 0  # still moved, as items in the lists of queries 0-7
 
 
 def test_queries_without_positives_are_skipped_and_counted():
@@ -104,11 +166,37 @@ def test_queries_without_positives_are_skipped_and_counted():
 
 
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
-def test_half_precision_is_computed_in_float32(half):
+def test_half_precision_is_computed_in_float32_and_returned_in_its_dtype(half):
     emb, labels = make_embeddings_and_labels(n=32, dim=8, dtype=torch.float32)
-    loss = FastAPLoss()(emb.detach().to(half).requires_grad_(True), labels)
-    assert loss.dtype == torch.float32 and torch.isfinite(loss)
-    torch.testing.assert_close(loss, FastAPLoss()(emb.to(half).float(), labels))
+    x = emb.detach().to(half).requires_grad_(True)
+    loss = FastAPLoss()(x, labels)
+    (grad,) = torch.autograd.grad(loss, x)
+    assert loss.dtype == half and grad.dtype == half  # PML's convention: the input's dtype
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    # Computed in float32 on the rounded embeddings, then rounded once.
+    x32 = x.detach().float().requires_grad_(True)
+    loss32 = FastAPLoss()(x32, labels)
+    (grad32,) = torch.autograd.grad(loss32, x32)
+    assert torch.equal(loss, loss32.to(half))
+    torch.testing.assert_close(grad.float(), grad32.to(half).float(), rtol=0, atol=0)
+
+
+def test_pml_float16_fastap_check_passes():
+    # PML's own FastAP test, for float16: 180 unit vectors at angles 0..179 degrees, 10 random
+    # classes, num_bins 5; the loss must be torch.isclose (same dtype required) to the authors'
+    # formula in float16 with rtol 1e-2. PML's FastAPLoss, computed in float16, is that formula.
+    angles = torch.deg2rad(torch.arange(180, dtype=torch.float64))
+    emb = torch.stack([torch.cos(angles), torch.sin(angles)], 1).half().requires_grad_(True)
+    labels = torch.randint(0, 10, (180,), generator=torch.Generator().manual_seed(0))
+    loss = FastAPLoss(5)(emb, labels)
+    loss.backward()
+    original = PMLFastAPLoss(5)(torch.nn.functional.normalize(emb.detach()), labels)
+    assert loss.dtype == original.dtype == torch.float16
+    assert torch.isclose(loss, original, rtol=1e-2)
+    assert torch.isfinite(emb.grad).all()
+    # and within float16 rounding of the float64 loop reference
+    want, _ = fastap_reference(emb.detach().double(), labels.tolist(), 5)
+    torch.testing.assert_close(loss.double(), want, rtol=1e-3, atol=0)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])

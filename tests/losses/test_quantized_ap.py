@@ -79,17 +79,59 @@ def test_perfect_ranking_gives_zero_loss():
     assert QuantizedAPLoss()(emb, labels).item() == pytest.approx(0.0, abs=1e-12)
 
 
-def test_one_class_gives_zero_loss_and_counts_skips():
-    loss_fn = QuantizedAPLoss(collect_stats=True)
-    loss = loss_fn(torch.randn(5, 3, requires_grad=True), torch.zeros(5, dtype=torch.long))
-    assert loss.item() == 0 and loss_fn.num_skipped_queries == 5
-
-
-def test_half_precision_finite():
-    emb, labels = make_embeddings_and_labels(n=32, dim=8, dtype=torch.float16)
-    loss = QuantizedAPLoss(tie_aware=True)(emb, labels)
+@pytest.mark.parametrize("tie_aware", [False, True])
+def test_one_class_batch_has_ap_one_per_query(tie_aware):
+    # Positives only: P_m = 1 (eq. 9-11, and eq. 13 for mAP_T), so AP 1 and loss 0 per query,
+    # every query valid (counted in the mean), zero gradient.
+    emb = torch.randn(5, 3, requires_grad=True)
+    loss_fn = QuantizedAPLoss(tie_aware=tie_aware, collect_stats=True)
+    loss = loss_fn(emb, torch.zeros(5, dtype=torch.long))
     loss.backward()
-    assert loss.dtype == torch.float32 and torch.isfinite(emb.grad).all()
+    assert loss.item() == 0 and torch.equal(emb.grad, torch.zeros(5, 3))
+    assert loss_fn.num_valid_queries == 5 and loss_fn.num_skipped_queries == 0
+
+
+def test_a_reference_set_of_the_query_class_only_gives_ap_one():
+    emb, labels = make_embeddings_and_labels(n=12, dim=4, num_classes=3, seed=2)
+    ref = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    loss_fn = QuantizedAPLoss(collect_stats=True)
+    loss = loss_fn(emb, labels, ref_emb=ref, ref_labels=torch.ones(5, dtype=torch.long))
+    grads = torch.autograd.grad(loss, (emb, ref))
+    # class 1 queries: positives only (AP 1, valid); the others: no positive (skipped)
+    assert loss.item() == 0 and all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+    assert loss_fn.num_valid_queries == int((labels == 1).sum()) == 4
+    assert loss_fn.num_skipped_queries == 8
+
+
+@pytest.mark.parametrize("class_balanced", [False, True])
+def test_queries_left_without_negatives_count_as_ap_one_in_the_mean(class_balanced):
+    # Queries 0-7 keep every pair (their lists are the full lists), queries 8-15 get no
+    # negative: AP 1, loss 0, in the mean and in the class weights of all 16 valid queries.
+    emb, labels = make_embeddings_and_labels(n=16, dim=4, num_classes=3, seed=7)
+    same = labels[:, None] == labels[None, :]
+    same.fill_diagonal_(False)
+    a1, p = torch.nonzero(same, as_tuple=True)
+    a2, n = torch.nonzero(~(labels[:, None] == labels[None, :]), as_tuple=True)
+    a2, n = a2[a2 < 8], n[a2 < 8]
+    loss_fn = QuantizedAPLoss(class_balanced=class_balanced, collect_stats=True)
+    loss = loss_fn(emb, labels, indices_tuple=(a1, p, a2, n))
+    _, aps = quantized_ap_reference(emb, labels.tolist(), 20)  # full lists, no weights
+    counts = torch.bincount(labels).double()
+    weights = 16 / (len(counts) * counts[labels]) if class_balanced else torch.ones(16)
+    want = sum(weights[i] * (1 - aps[i]) for i in range(8)) / 16
+    assert loss_fn.num_valid_queries == 16 and loss_fn.num_skipped_queries == 0
+    torch.testing.assert_close(loss, want)
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_half_precision_is_computed_in_float32_and_returned_in_its_dtype(half):
+    emb, labels = make_embeddings_and_labels(n=32, dim=8, dtype=torch.float32)
+    x = emb.detach().to(half).requires_grad_(True)
+    loss = QuantizedAPLoss(tie_aware=True)(x, labels)
+    loss.backward()
+    assert loss.dtype == half and torch.isfinite(loss) and torch.isfinite(x.grad).all()
+    exact = QuantizedAPLoss(tie_aware=True)(x.detach().float(), labels)
+    assert torch.equal(loss, exact.to(half))
 
 
 @pytest.mark.parametrize("num_bins", [1, 0, 3.0])
@@ -137,5 +179,6 @@ def test_ref_length_mismatch_raises():
 def test_bfloat16_is_computed_in_float32():
     emb, labels = make_embeddings_and_labels(n=32, dim=8, dtype=torch.float32)
     loss = QuantizedAPLoss()(emb.detach().to(torch.bfloat16).requires_grad_(True), labels)
-    assert loss.dtype == torch.float32
-    torch.testing.assert_close(loss, QuantizedAPLoss()(emb.to(torch.bfloat16).float(), labels))
+    assert loss.dtype == torch.bfloat16
+    exact = QuantizedAPLoss()(emb.to(torch.bfloat16).float(), labels)
+    assert torch.equal(loss, exact.to(torch.bfloat16))
