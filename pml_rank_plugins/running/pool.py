@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import copy
 import ctypes
 import json
 import logging
@@ -34,73 +33,35 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Sequence
 
 import torch
 import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..experiment import registry
-from ..experiment.methods import check_folders, slug
 from . import distributed, run_folder, runner
+from .jobs import FAILED_FILE, Job, check_inside, is_failed, is_refused, make_jobs, refused_record
+
+# Callers import the jobs' names from here too (they lived in this module).
+__all__ = [
+    "FAILED_FILE",
+    "Job",
+    "execute",
+    "is_failed",
+    "is_refused",
+    "make_jobs",
+    "refused_record",
+    "repeated_logs_once",
+    "run_job",
+    "run_label",
+]
 
 LOGGER = logging.getLogger(__name__)
-FAILED_FILE = "failed.json"
 PARENT_POLL_S = 0.5  # a worker notices its parent's death within this long
 # One line per epoch per run by design: never folded by :func:`repeated_logs_once`.
 EPOCH_LOGGER = "pml_rank_plugins.running.training"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-@dataclass
-class Job:
-    """One training run: ``name`` (method or sweep cell), ``run_id`` (``seed<i>``), config, its
-    folder, and the ``--out`` that folder must stay inside (``None``: not checked)."""
-
-    name: str
-    run_id: str
-    config: dict
-    run_dir: Path
-    out_dir: Path | None = None
-
-
-def make_jobs(configs: Mapping[str, dict], out_dir: Path, seeds: int) -> list[Job]:
-    """Seeds ``seed, seed+1, ...`` (the config's ``seed`` plus the run index) for every config.
-
-    Every run folder is ``OUT/<slug(name)>/seed<i>`` and must resolve inside ``out_dir``
-    (:func:`.run_folder.inside`).
-
-    Raises:
-        ConfigError: a name whose folder would not be one (empty, ``..``) or two names with one
-            folder (:func:`.methods.check_folders`; sweep cells like ``path=a/b`` are slugged).
-        UnsafeRunFolder: a run folder resolves outside ``out_dir`` (a symbolic link in ``OUT``).
-    """
-    if seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {seeds}")
-    out_dir = Path(out_dir)
-    check_folders(configs, kind="run", strict=False)
-    jobs = []
-    for name, base in configs.items():
-        for i in range(seeds):
-            cfg = copy.deepcopy(base)
-            cfg["seed"] = int(cfg.get("seed", 0)) + i
-            cfg["name"] = name
-            job = Job(name, f"seed{i}", cfg, out_dir / slug(name) / f"seed{i}", out_dir)
-            _check_inside(job)
-            jobs.append(job)
-    return jobs
-
-
-def _check_inside(job: Job) -> None:
-    """Raise :class:`.run_folder.UnsafeRunFolder` when the job's folder leaves its ``--out``."""
-    if job.out_dir is not None and not run_folder.inside(job.out_dir, job.run_dir):
-        raise run_folder.UnsafeRunFolder(
-            f"{job.run_dir} resolves to {job.run_dir.resolve()}, outside --out "
-            f"{job.out_dir.resolve()} (a symbolic link on the way?); remove the link or give "
-            "another --out"
-        )
 
 
 _WORKER_SLOT: int | None = None
@@ -272,17 +233,6 @@ def job_device(config: dict, device: str | None, slot: int | None) -> str | None
     return f"cuda:{slot % torch.cuda.device_count()}"
 
 
-def refused_record(job: Job, error: BaseException) -> dict:
-    """The result of a run that did not start because its folder could not be used (busy with
-    another live run, a symbolic link, outside ``--out``); nothing was written for it."""
-    return {
-        "refused": True,
-        "name": job.name,
-        "run_id": job.run_id,
-        "error": f"{type(error).__name__}: {error}".strip(),
-    }
-
-
 def run_job(job: Job, resume: bool, device: str | None = None, overwrite: bool = False) -> dict:
     """Train one job (or reuse its finished ``metrics.json`` with ``resume``); never raises for a
     failing run: returns ``{"failed": True, "error": ..., "traceback": ..., "writer": {pid,
@@ -296,7 +246,7 @@ def run_job(job: Job, resume: bool, device: str | None = None, overwrite: bool =
     """
     run_dir = job.run_dir
     try:
-        _check_inside(job)
+        check_inside(job)
     except run_folder.UnsafeRunFolder as e:
         return _refused(job, e)
     main = distributed.is_main_process()  # under torchrun every rank trains, rank 0 writes
@@ -470,14 +420,3 @@ def _collect(futures: dict, results: dict, bar: dict) -> None:
                 "run_id": job.run_id,
                 "error": f"worker process failed: {type(e).__name__}: {e}",
             }
-
-
-def is_failed(m: dict) -> bool:
-    """A failure record of :func:`run_job` or a ``metrics.json`` the runner marked failed."""
-    return bool(m.get("failed")) or m.get("status") == "failed"
-
-
-def is_refused(m: dict) -> bool:
-    """A run that never started because its folder could not be used (:func:`refused_record`):
-    neither finished nor failed, and nothing of it is on disk."""
-    return bool(m.get("refused"))

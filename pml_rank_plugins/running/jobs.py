@@ -1,0 +1,91 @@
+"""What a run of ``compare``/``sweep`` is, and what its result means.
+
+A :class:`Job` is one (name, seed) run in ``OUT/<slug(name)>/seed<i>`` (:func:`make_jobs`), a
+folder that must stay inside ``--out`` (:func:`check_inside`). Its result is ``metrics.json``'s
+content, a failure record (:func:`is_failed`; also written to ``RUN_DIR/failed.json``) or a
+refused record (:func:`is_refused`: the run never started because its folder was busy or unsafe,
+and nothing of it is on disk). :mod:`.pool` runs jobs.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from ..experiment.methods import check_folders, slug
+from . import run_folder
+
+FAILED_FILE = "failed.json"
+
+
+@dataclass
+class Job:
+    """One training run: ``name`` (method or sweep cell), ``run_id`` (``seed<i>``), config, its
+    folder, and the ``--out`` that folder must stay inside (``None``: not checked)."""
+
+    name: str
+    run_id: str
+    config: dict
+    run_dir: Path
+    out_dir: Path | None = None
+
+
+def make_jobs(configs: Mapping[str, dict], out_dir: Path, seeds: int) -> list[Job]:
+    """Seeds ``seed, seed+1, ...`` (the config's ``seed`` plus the run index) for every config.
+
+    Every run folder is ``OUT/<slug(name)>/seed<i>`` and must resolve inside ``out_dir``
+    (:func:`.run_folder.inside`).
+
+    Raises:
+        ConfigError: a name whose folder would not be one (empty, ``..``) or two names with one
+            folder (:func:`.methods.check_folders`; sweep cells like ``path=a/b`` are slugged).
+        UnsafeRunFolder: a run folder resolves outside ``out_dir`` (a symbolic link in ``OUT``).
+    """
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    out_dir = Path(out_dir)
+    check_folders(configs, kind="run", strict=False)
+    jobs = []
+    for name, base in configs.items():
+        for i in range(seeds):
+            cfg = copy.deepcopy(base)
+            cfg["seed"] = int(cfg.get("seed", 0)) + i
+            cfg["name"] = name
+            job = Job(name, f"seed{i}", cfg, out_dir / slug(name) / f"seed{i}", out_dir)
+            check_inside(job)
+            jobs.append(job)
+    return jobs
+
+
+def check_inside(job: Job) -> None:
+    """Raise :class:`.run_folder.UnsafeRunFolder` when the job's folder leaves its ``--out``."""
+    if job.out_dir is not None and not run_folder.inside(job.out_dir, job.run_dir):
+        raise run_folder.UnsafeRunFolder(
+            f"{job.run_dir} resolves to {job.run_dir.resolve()}, outside --out "
+            f"{job.out_dir.resolve()} (a symbolic link on the way?); remove the link or give "
+            "another --out"
+        )
+
+
+def refused_record(job: Job, error: BaseException) -> dict:
+    """The result of a run that did not start because its folder could not be used (busy with
+    another live run, a symbolic link, outside ``--out``); nothing was written for it."""
+    return {
+        "refused": True,
+        "name": job.name,
+        "run_id": job.run_id,
+        "error": f"{type(error).__name__}: {error}".strip(),
+    }
+
+
+def is_failed(m: dict) -> bool:
+    """A failure record of :func:`.pool.run_job` or a ``metrics.json`` the runner marked failed."""
+    return bool(m.get("failed")) or m.get("status") == "failed"
+
+
+def is_refused(m: dict) -> bool:
+    """A run that never started because its folder could not be used (:func:`refused_record`):
+    neither finished nor failed, and nothing of it is on disk."""
+    return bool(m.get("refused"))
