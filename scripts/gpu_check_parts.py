@@ -146,7 +146,9 @@ SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|dese
 def parse_pytest(output: str) -> dict:
     """Counts from pytest's last summary line, failing test ids and skip reasons (``-ra``)."""
     counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
-    summary = [ln for ln in output.splitlines() if re.search(r" in [\d.]+s", ln) and "==" in ln]
+    summary = [
+        ln for ln in output.splitlines() if SUMMARY.search(ln) and re.search(r" in [\d.]+s", ln)
+    ]
     line = summary[-1] if summary else (output.strip().splitlines() or [""])[-1]
     for number, word in SUMMARY.findall(line):
         counts["errors" if word.startswith("error") else word] = int(number)

@@ -1,0 +1,125 @@
+"""``scripts/gpu_check.sh --device cpu --tiny`` (the GPU validation kit, issue 31) runs end to end
+on the CPU and reports every part: run, or skipped with a reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_check  # noqa: E402
+from gpu_check_parts import parse_pytest  # noqa: E402
+
+# The parts issue 31 asks for; written out here so that dropping one from the script fails.
+EXPECTED_PARTS = ["environment", "tests", "benchmarks", "training", "distributed", "knn"]
+PART_KEYS = {"status", "reason", "seconds", "limit_s", "details", "markdown"}
+
+
+@pytest.fixture(scope="module")
+def cpu_report(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("gpu_check")
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--tiny", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    return out, done
+
+
+@pytest.mark.slow  # about 45 s of CPU: 8 Python processes importing torch, 2 of them torchrun ranks
+def test_gpu_check_cpu_tiny_reports_every_part(cpu_report):
+    out, done = cpu_report
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["complete"] is True and report["args"] == {
+        "device": "cpu",
+        "tiny": True,
+        "parts": EXPECTED_PARTS,
+    }
+    assert list(report["parts"]) == EXPECTED_PARTS
+    for name, part in report["parts"].items():
+        assert PART_KEYS <= set(part), name
+        assert part["status"] in ("pass", "skipped"), (name, part["reason"])
+        if part["status"] == "skipped":
+            assert part["reason"], name
+    assert report["parts"]["training"]["reason"] == "no CUDA device (--device cpu)"
+    environment = report["parts"]["environment"]["details"]
+    for key in ("torch", "pytorch_metric_learning", "faiss", "cpu_model", "cuda_available"):
+        assert key in environment
+    tests = report["parts"]["tests"]["details"]
+    assert tests["passed"] > 0 and tests["failed"] == tests["errors"] == 0
+    results = report["parts"]["benchmarks"]["details"]["results"]
+    assert sorted(results) == [
+        "bench_histogram_ap.py",
+        "bench_memory_bank.py",
+        "bench_ranked_list.py",
+    ]
+    for result in results.values():
+        assert [t["autocast"] for t in result["tables"]] == ["none", "bfloat16"]
+    distributed = report["parts"]["distributed"]["details"]
+    assert distributed["max_abs_difference"] <= 1e-9
+    assert "rank 1 did not answer" in distributed["timeout"]["message"]
+    assert report["parts"]["knn"]["details"]["backend"] in ("faiss-cpu", "CustomKNN")
+    markdown = (out / "gpu_check.md").read_text()
+    for name in EXPECTED_PARTS:
+        assert f"| {name} | {report['parts'][name]['status']} |" in markdown
+
+
+def test_gpu_check_names_every_part_and_fits_eight_minutes():
+    assert list(gpu_check.PARTS) == EXPECTED_PARTS
+    assert set(gpu_check.PART_SCRIPTS) == set(EXPECTED_PARTS)
+    assert all(path.is_file() for path in gpu_check.PART_SCRIPTS.values())
+    assert sum(gpu_check.LIMITS_S.values()) <= gpu_check.TOTAL_S < 8 * 60
+
+
+def test_a_part_without_a_result_fails_and_the_rest_still_run(tmp_path, monkeypatch):
+    broken = tmp_path / "broken.py"
+    broken.write_text("import sys\nprint('no result here')\nsys.exit(3)\n")
+    monkeypatch.setitem(gpu_check.PART_SCRIPTS, "knn", broken)
+    code = gpu_check.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--parts", "knn"])
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert code == 1
+    assert list(report["parts"]) == EXPECTED_PARTS
+    knn = report["parts"]["knn"]
+    assert knn["status"] == "fail" and "exit code 3 and no result.json" in knn["reason"]
+    assert "no result here" in knn["reason"]
+    for name in EXPECTED_PARTS[:-1]:  # not selected: skipped with the reason
+        assert report["parts"][name]["status"] == "skipped" and report["parts"][name]["reason"]
+
+
+def test_a_part_past_its_limit_is_stopped_and_reported(tmp_path, monkeypatch):
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setitem(gpu_check.PART_SCRIPTS, "knn", sleeper)
+    result = gpu_check.run_part("knn", "cpu", True, tmp_path, limit_s=1.0)
+    assert result["status"] == "fail" and result["reason"] == "ran past its limit of 1 s"
+    assert result["seconds"] < 30
+
+
+def test_parse_pytest_reads_the_summary_and_failures():
+    output = "\n".join(
+        [
+            "FAILED tests/losses/test_fastap.py::test_x[float32] - AssertionError",
+            "SKIPPED [2] tests/losses/test_a.py:3: TEST_DEVICE=cuda but no CUDA GPU",
+            "==== 1 failed, 40 passed, 2 skipped, 1 error in 12.3s ====",
+        ]
+    )
+    counts = parse_pytest(output)
+    assert (counts["passed"], counts["failed"], counts["skipped"], counts["errors"]) == (
+        40,
+        1,
+        2,
+        1,
+    )
+    assert counts["failed_ids"] == ["tests/losses/test_fastap.py::test_x[float32]"]
+    assert counts["skip_reasons"] == [output.splitlines()[1]]
