@@ -2,7 +2,9 @@
 #   make demo  -- builds .venv, then runs the main job on the embedded GlyphDataset
 #   make test  -- builds .venv, then runs the test suite
 #   make docs  -- builds the Sphinx site into docs/_build/html (warnings are errors)
-#   make wheel -- builds dist/pml_rank_plugins-<version>-py3-none-any.whl (see README "Install")
+#   make wheel -- builds dist/pml_rank_plugins-<version>-py3-none-any.whl in an isolated build
+#                 environment (needs only $(PYTHON) with pip: no .venv, no torch; README "Install")
+#   make test-fast -- the test suite without the tests marked slow
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,7 +15,7 @@ STAMP := $(VENV)/.installed
 PML_RANK_DATA ?= $(abspath ../shared/data)
 export PML_RANK_DATA
 
-.PHONY: demo test docs wheel lint format clean
+.PHONY: demo test test-fast docs wheel lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,11 +30,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q
 
+test-fast: $(STAMP)
+	$(PY) -m pytest -n 2 -q -m "not slow"
+
 docs: $(STAMP)
 	$(PY) -m sphinx -W -b html docs docs/_build/html
 
-wheel: $(STAMP)
-	$(PY) -m pip wheel --no-deps -w dist .
+# pip builds the wheel in a fresh isolated environment holding only the build backend
+# (setuptools, from pyproject's [build-system]); --no-deps: the runtime dependencies (torch, ...)
+# are neither installed nor downloaded.
+wheel:
+	$(PYTHON) -m pip wheel --no-deps -w dist .
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pml_rank_plugins tests benchmarks
