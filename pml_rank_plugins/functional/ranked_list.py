@@ -19,27 +19,12 @@ Per query ``i`` (notation of the paper, ``d = dist[i, j]``):
   left to the caller (a PML reducer). ``lam_pos`` (default 1) weights ``L_P`` too, so PML's
   parametrization ``(1 - imbalance) L_P + imbalance L_N`` is ``lam_pos = 1 - b, lam = b``.
 
-Query weighting (``query_weighting``): ``"mean"`` (default) is the paper's eq. 14, every query
-weighted ``1 / N``. ``"weight_share"`` is what the authors' released Caffe layer does instead
-(``DistanceWeightedValidPairLossV12``, file
-``CaffeMex_RLL_GR_V03_Simp/src/caffe/layers/distance_weighted_valid_pair_loss_V12_layer.cpp`` of
-github.com/XinshaoAmosWang/Ranked-List-Loss-for-DML, the loss layer of its released
-``train.prototxt`` files): query ``i`` is weighted ``c_i = 0.5 W_i / sum_k W_k``, where
-``W_i = sum_{j in P*_i} exp(Tp (d_ij - (alpha - m))) + sum_{j in N*_i} exp(Tn (alpha - d_ij))``
-is the sum of query ``i``'s *unnormalized* pair weights (eq. 9 and its positive twin) over its
-mined positives ``P*_i`` and negatives ``N*_i``, so the batch loss is ``sum_i c_i L_i``: queries
-with many or hard violating pairs dominate, and the weights sum to 0.5 rather than 1. Within a
-query the Caffe layer is eqs. 8-12 (each sign normalized by its own weight sum, both signs
-added with weight 1). The ``0.5`` comes from its loop over unordered pairs ``(a, b)``, whose
-gradient reaches both ends, each end scaled by ``0.5 w_ab / S_end`` (``S`` the end's weight sum
-of that sign) times ``(S+_end + S-_end) / W``, ``W = sum_i (S+_i + S-_i)``; its ``1e-8`` added
-to each sum (against division by zero) is left out here (a query without mined pairs has
-``c_i = 0`` and ``L_i = 0``). So that a mean over queries still gives the batch loss, the
-per-query loss returned under ``"weight_share"`` is ``N c_i L_i``. ``c_i`` is a constant (no
-gradient), like the pair weights, as in the Caffe layer. It is a softmax over the queries of
-``log W_i`` (formed in float64 by a log-sum-exp of ``T v``), so nothing overflows even where
-``exp(Tn (alpha - d))`` would (from ``Tn ~ 600``); only a ``T v`` beyond float64's range
-(``T`` near 1e308) raises ``ValueError``.
+Query weighting (``query_weighting``, :mod:`~pml_rank_plugins.functional.query_weighting`):
+``"mean"`` (default) is the paper's eq. 14, every query weighted ``1 / N``. ``"weight_share"`` is
+what the authors' released Caffe layer (``DistanceWeightedValidPairLossV12``) does instead: query
+``i`` is weighted ``c_i = 0.5 W_i / sum_k W_k``, ``W_i`` the sum of its *unnormalized* pair
+weights (eq. 9 and its positive twin) over its mined pairs, a constant (no gradient); the
+per-query loss returned is then ``N c_i L_i``, so that a mean over queries is ``sum_i c_i L_i``.
 
 The weights are constants: they are computed without gradient, as in the authors' implementation,
 so the gradient of ``L`` flows through the distances of the mined pairs only. On the mined pairs the
@@ -58,6 +43,19 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from .query_weighting import (
+    QUERY_WEIGHTINGS,
+    check_query_weighting,
+    log_weight_sums,
+    query_scales,
+)
+from .ranked_list_params import (
+    check_loss_finite,
+    check_loss_range,
+    check_rll_params,
+    default_alpha,
+    term_weights,
+)
 from .validation import check_finite, compute_dtype
 
 
@@ -76,147 +74,6 @@ class RankedListTerms(NamedTuple):
     neg_loss: torch.Tensor
     num_pos: torch.Tensor
     num_neg: torch.Tensor
-
-
-def check_rll_params(
-    alpha: float,
-    margin: float,
-    Tn: float,
-    Tp: float = 0.0,
-    lam: float = 1.0,
-    lam_pos: float = 1.0,
-) -> None:
-    """Raise ``ValueError`` unless ``alpha > margin >= 0``, ``Tn, Tp, lam, lam_pos >= 0``, all
-    finite real numbers (bools refused)."""
-    values = {"alpha": alpha, "margin": margin, "Tn": Tn, "Tp": Tp, "lam": lam, "lam_pos": lam_pos}
-    for name, value in values.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ValueError(f"{name} must be a real number, got {value!r}")
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"{name} must be finite, got {value}")
-    if margin < 0:
-        raise ValueError(f"margin must be >= 0, got {margin}")
-    if alpha <= margin:
-        raise ValueError(
-            f"alpha must be larger than margin (positive boundary alpha - margin > 0), "
-            f"got alpha={alpha}, margin={margin}"
-        )
-    for name in ("Tn", "Tp", "lam", "lam_pos"):
-        if values[name] < 0:
-            raise ValueError(f"{name} must be >= 0, got {values[name]}")
-
-
-QUERY_WEIGHTINGS = ("mean", "weight_share")
-
-
-def check_query_weighting(query_weighting) -> str:
-    """``query_weighting`` if it is one of :data:`QUERY_WEIGHTINGS`, else ``ValueError`` naming
-    the argument and the choices."""
-    if not isinstance(query_weighting, str) or query_weighting not in QUERY_WEIGHTINGS:
-        choices = ", ".join(repr(c) for c in QUERY_WEIGHTINGS)
-        raise ValueError(
-            f"query_weighting must be one of {choices} ('mean': the paper's eq. 14; "
-            f"'weight_share': the authors' Caffe layer), got {query_weighting!r}"
-        )
-    return query_weighting
-
-
-def log_weight_sums(
-    dist: torch.Tensor,
-    pos: torch.Tensor,
-    neg: torch.Tensor,
-    alpha: float,
-    margin: float,
-    Tn: float,
-    Tp: float,
-) -> torch.Tensor:
-    """``log W_i`` in float64, ``W_i`` the sum of query ``i``'s unnormalized pair weights.
-
-    ``W_i = sum_{pos} exp(Tp (d - (alpha - m))) + sum_{neg} exp(Tn (alpha - d))`` over the mined
-    pairs ``pos`` / ``neg`` (``(N, M)`` bools); ``-inf`` for a row with nothing mined. Formed as a
-    log-sum-exp of ``T v`` (``v > 0`` on every mined pair, so each mined row is ``>= 0``), so no
-    ``exp`` overflows; ``+inf`` only where ``T v`` itself exceeds float64's range. No gradient;
-    a few ``(N, M)`` float64 passes.
-    """
-    with torch.no_grad():
-        d = dist.detach().double()
-        x = torch.full_like(d, float("-inf"))
-        x = torch.where(pos, (d - (alpha - margin)).mul_(Tp), x)
-        x = torch.where(neg, (alpha - d).mul_(Tn), x)
-        return torch.logsumexp(x, dim=1)
-
-
-def query_scales(log_w: torch.Tensor, Tn: float, Tp: float) -> torch.Tensor:
-    """``N c_i = N 0.5 W_i / sum_k W_k`` (float64, ``(N,)``) from ``log W_i``
-    (:func:`log_weight_sums`): the factor turning each query's ``L_i`` into its
-    ``"weight_share"`` loss, so that the mean over the ``N`` queries is ``sum_i c_i L_i``.
-
-    A softmax over the queries (largest ``log W`` subtracted): exact for any finite log-weights;
-    all zero when nothing is mined anywhere. ``ValueError`` naming ``Tn`` / ``Tp`` when a log-weight
-    overflowed float64. O(N).
-    """
-    if bool((log_w == float("inf")).any()):
-        raise ValueError(
-            f"query_weighting='weight_share': the pair log-weights Tn (alpha - d) / Tp (d - "
-            f"(alpha - margin)) overflow float64 with Tn={Tn:g}, Tp={Tp:g}; use smaller "
-            "temperatures or query_weighting='mean'"
-        )
-    n = len(log_w)
-    if n == 0 or not bool(torch.isfinite(log_w).any()):
-        return torch.zeros_like(log_w)
-    share = torch.exp(log_w - log_w.max())
-    return share.mul_(0.5 * n / share.sum())
-
-
-def _real(value, name: str) -> float:
-    """``value`` as a float if it is a finite real number (bools refused), else ``ValueError``."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return float(value)
-
-
-def default_alpha(margin: float, alpha: float | None) -> float:
-    """``alpha``, or PML's default ``1 + margin / 2`` when it is ``None`` (1.2 for the paper's
-    ``margin = 0.4``). ``margin`` itself is checked by :func:`check_rll_params`."""
-    if alpha is not None:
-        return alpha
-    return 1.0 + _real(margin, "margin") / 2.0
-
-
-def term_weights(imbalance: float | None, lam: float | None) -> tuple[float, float]:
-    """``(lam_pos, lam)``, the weights of ``L_P`` and ``L_N``, from one of the two
-    parametrizations.
-
-    Args:
-        imbalance: PML's ``b`` in ``[0, 1]``: ``(1 - b) L_P + b L_N``, i.e. ``(1 - b, b)``
-            (``(1 - b) *`` the paper's loss with ``lam = b / (1 - b)``), or ``None``.
-        lam: the paper's eq. 13 ``L_P + lam L_N``, i.e. ``(1, lam)``, or ``None`` (1).
-
-    Returns:
-        ``(lam_pos, lam)`` as floats.
-
-    Raises:
-        ValueError: both given (naming both and the conversion), or ``imbalance`` outside
-            ``[0, 1]`` (also hinting at the positional order, since the old one put ``Tn``
-            third).
-    """
-    if imbalance is not None and lam is not None:
-        raise ValueError(
-            f"pass either imbalance (PML: (1 - imbalance) L_P + imbalance L_N) or lam (paper: "
-            f"L_P + lam L_N), not both: got imbalance={imbalance!r}, lam={lam!r}; imbalance=b is "
-            "(1 - b) * the loss with lam=b / (1 - b)"
-        )
-    if imbalance is None:
-        return 1.0, 1.0 if lam is None else lam
-    b = _real(imbalance, "imbalance")
-    if not 0.0 <= b <= 1.0:
-        raise ValueError(
-            f"imbalance must be in [0, 1], got {b:g} (the positional order is PML's: margin, Tn, "
-            "imbalance, alpha, Tp; pass alpha=... by keyword)"
-        )
-    return 1.0 - b, b
 
 
 def mine_non_trivial(
@@ -271,32 +128,6 @@ def scaled_exp_(x: torch.Tensor, temperature: float) -> torch.Tensor:
     if temperature <= torch.finfo(x.dtype).max:
         return x.mul_(temperature).exp_()
     return x.double().mul_(temperature).exp_().to(x.dtype)
-
-
-def check_loss_range(dtype: torch.dtype, alpha: float, lam: float, lam_pos: float = 1.0) -> None:
-    """Raise ``ValueError`` naming ``alpha`` / ``lam`` / ``lam_pos`` if one is not representable
-    in the compute ``dtype`` (it would round to ``inf`` and make the loss or its gradient
-    inf/NaN)."""
-    big = torch.finfo(dtype).max
-    for name, value in (("alpha", alpha), ("lam", lam), ("lam_pos", lam_pos)):
-        if value > big:
-            raise ValueError(
-                f"{name}={value:g} exceeds the largest {dtype} ({big:.4g}): the loss would "
-                f"overflow; use a smaller {name} or float64 embeddings"
-            )
-
-
-def check_loss_finite(value: torch.Tensor, alpha: float, lam: float) -> None:
-    """Raise ``ValueError`` if the per-query losses (or their sum, which the mean reduction
-    forms) overflow: inputs are finite and weights normalized, so only large ``lam * L_N``
-    (``L_N <= alpha``) or huge distances can get there. O(N)."""
-    if not torch.isfinite(value.sum()):
-        big = torch.finfo(value.dtype).max
-        raise ValueError(
-            f"the Ranked List Loss overflows {value.dtype} (largest {big:.4g}): per-query losses "
-            f"reach L_P + lam * L_N with lam={lam:g}, L_N <= alpha={alpha:g}; use a smaller lam "
-            "or alpha, smaller distances, or float64 embeddings"
-        )
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -386,10 +217,11 @@ def ranked_list_terms(
         lam_pos: weight of ``L_P`` (default 1, eq. 13); PML's ``imbalance=b`` is
             ``lam_pos=1 - b, lam=b``.
         query_weighting: ``"mean"`` (default; eq. 14): ``loss_i = L_i``, the batch loss is
-            their mean. ``"weight_share"`` (the authors' Caffe layer, see the module
-            docstring): ``loss_i = N c_i L_i`` with ``c_i = 0.5 W_i / sum_k W_k``, so the mean
-            of ``loss`` is ``sum_i c_i L_i``. ``W_i`` always uses ``Tn`` / ``Tp`` over the mined
-            pairs, also when ``neg_weights`` / ``pos_weights`` replace the within-query weights.
+            their mean. ``"weight_share"`` (the authors' Caffe layer, see
+            :mod:`~pml_rank_plugins.functional.query_weighting`): ``loss_i = N c_i L_i`` with
+            ``c_i = 0.5 W_i / sum_k W_k``, so the mean of ``loss`` is ``sum_i c_i L_i``. ``W_i``
+            always uses ``Tn`` / ``Tp`` over the mined pairs, also when ``neg_weights`` /
+            ``pos_weights`` replace the within-query weights.
 
     Returns:
         :class:`RankedListTerms` (``pos_loss`` / ``neg_loss`` are ``L_P`` / ``L_N`` unscaled by
@@ -463,3 +295,24 @@ def _count(mask: torch.Tensor, total: torch.Tensor, temperature: float, given) -
 def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``(a * b).sum(1)`` for ``(N, M)`` tensors in one fused pass."""
     return torch.linalg.vecdot(a, b, dim=1)
+
+
+# The query-weighting helpers and the parameter checks live in their own modules
+# (query_weighting, ranked_list_params); they stay importable from here.
+__all__ = [
+    "QUERY_WEIGHTINGS",
+    "RankedListTerms",
+    "check_loss_finite",
+    "check_loss_range",
+    "check_query_weighting",
+    "check_rll_params",
+    "default_alpha",
+    "log_weight_sums",
+    "masked_softmax",
+    "mine_non_trivial",
+    "negative_weights",
+    "query_scales",
+    "ranked_list_terms",
+    "scaled_exp_",
+    "term_weights",
+]

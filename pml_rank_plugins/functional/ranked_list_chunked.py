@@ -7,7 +7,8 @@ distances), computed straight from the embeddings for the Euclidean distance
 :func:`~pml_rank_plugins.functional.euclidean.euclidean_distances`).
 
 Per chunk of query rows (:func:`~pml_rank_plugins.functional.chunking.rows_per_chunk`), in
-buffers allocated once and reused:
+buffers allocated once and reused (steps 1-4:
+:mod:`~pml_rank_plugins.functional.ranked_list_chunk_steps`):
 
 1. ``D = dist(Q_chunk, R)`` (one ``(rows, d) x (d, M)`` product);
 2. candidates from the pair categories (derived from the labels per chunk, or rows of a dense
@@ -18,7 +19,7 @@ buffers allocated once and reused:
 4. per-query sums: ``Z+ = sum w+``, ``S+ = sum w+ d`` (and ``Z-``, ``S-``), giving
    ``L_P = S+/Z+ - (alpha - m)``, ``L_N = alpha - S-/Z-``, ``L = lam_pos L_P + lam L_N``;
 5. with ``query_weighting="weight_share"`` (the authors' Caffe layer, see
-   :mod:`~pml_rank_plugins.functional.ranked_list`), also ``log W_i``, the log of query ``i``'s
+   :mod:`~pml_rank_plugins.functional.query_weighting`), also ``log W_i``, the log of query ``i``'s
    unnormalized pair-weight sum (one more float64 pass over the chunk); after all chunks each
    ``L_i`` is multiplied by the constant ``N c_i = N 0.5 W_i / sum_k W_k`` (outside the
    autograd function, so the backward below is unchanged and autograd scales ``g_i``).
@@ -43,7 +44,7 @@ process holds.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
@@ -55,92 +56,18 @@ from .chunk_threads import (
     one_torch_thread,
 )
 from .chunking import DenseCategories, LabelCategories, rows_per_chunk
-from .ranked_list import (
-    RankedListTerms,
-    check_loss_finite,
-    check_loss_range,
-    check_query_weighting,
-    check_rll_params,
-    log_weight_sums,
-    query_scales,
-    scaled_exp_,
+from .query_weighting import check_query_weighting, log_weight_sums, query_scales
+from .ranked_list import RankedListTerms
+from .ranked_list_chunk_steps import (
+    ChunkParams,
+    Workspace,
+    dense_chunk_sums,
+    dense_weights,
+    mine_chunk,
+    sparse_chunk,
 )
-from .ranked_list_sparse import SparseWeights, inverse_or_zero, segment_exp, segment_sum
-
-_POSITIVE, _NEGATIVE = 0, 1
-
-
-class _Params(NamedTuple):
-    alpha: float
-    margin: float
-    Tn: float
-    Tp: float
-    lam: float
-    lam_pos: float = 1.0
-    share: bool = False  # query_weighting == "weight_share": also compute log W per query
-
-
-class _Workspace:
-    """The per-chunk buffers, allocated once per pass for ``(rows, M)``."""
-
-    def __init__(self, rows: int, cols: int, like: torch.Tensor):
-        self.dist = like.new_empty(rows, cols)
-        self.w_pos = like.new_empty(rows, cols)
-        self.w_neg = like.new_empty(rows, cols)
-        self.pos = torch.empty(rows, cols, dtype=torch.bool, device=like.device)
-        self.neg = torch.empty(rows, cols, dtype=torch.bool, device=like.device)
-        self.cand = torch.empty(rows, cols, dtype=torch.bool, device=like.device)
-
-
-def _masked_exp_(w: torch.Tensor, mask: torch.Tensor, dist: torch.Tensor, T: float, sign: float):
-    """``w = exp(sign T (d - ext))`` on ``mask``, 0 elsewhere, ``ext`` the row max (sign +1) or
-    min (sign -1) of ``d`` over the mask; every exponent <= 0 (see ``ranked_list._masked_exp``).
-    Writes into ``w`` (returns it, or a new tensor when ``T`` exceeds the dtype's range)."""
-    if T == 0.0:
-        return w.copy_(mask)
-    fill = dist.new_tensor(float("-inf") if sign > 0 else float("inf"))
-    torch.where(mask, dist, fill, out=w)
-    ext = w.amax(dim=1, keepdim=True) if sign > 0 else w.amin(dim=1, keepdim=True)
-    ext.masked_fill_(~torch.isfinite(ext), 0.0)
-    # Off the mask: (+-inf - ext) * sign = -inf, exp(-inf * T) = 0; on it: sign (d - ext) <= 0.
-    w.sub_(ext)
-    if sign < 0:
-        w.neg_()
-    return scaled_exp_(w, T)
-
-
-def _given_weights_(w: torch.Tensor, mask: torch.Tensor, source: SparseWeights, start: int):
-    """A miner's weights on ``mask``, each row scaled so its largest is 1 (``1 / Z`` finite)."""
-    source.rows(start, start + len(w), w).mul_(mask)
-    row_max = w.amax(dim=1, keepdim=True)
-    return w.div_(torch.where(row_max > 0, row_max, 1.0))
-
-
-def _mine_chunk(queries, refs, ref_sq, cat, params: _Params, ws: _Workspace):
-    """Steps 1-2 of the module docstring for a chunk of query rows with categories ``cat``:
-    ``(dist, pos, neg)`` views into the workspace."""
-    rows = len(queries)
-    dist, pos, neg, cand = ws.dist[:rows], ws.pos[:rows], ws.neg[:rows], ws.cand[:rows]
-    # |q|^2 broadcast into the product's output, |r|^2 added in place (as euclidean_distances).
-    torch.addmm((queries * queries).sum(1, keepdim=True), queries, refs.T, alpha=-2.0, out=dist)
-    dist.add_(ref_sq).clamp_min_(0.0).sqrt_()
-    torch.gt(dist, params.alpha - params.margin, out=pos)
-    pos.logical_and_(torch.eq(cat, _POSITIVE, out=cand))
-    torch.lt(dist, params.alpha, out=neg)
-    neg.logical_and_(torch.eq(cat, _NEGATIVE, out=cand))
-    return dist, pos, neg
-
-
-def _dense_weights(dist, pos, neg, neg_source, params: _Params, ws: _Workspace, start):
-    """Step 3 over the whole chunk: unnormalized ``(w_pos, w_neg)`` views into the workspace."""
-    rows = len(dist)
-    w_pos = _masked_exp_(ws.w_pos[:rows], pos, dist, params.Tp, 1.0)
-    if neg_source is None:
-        w_neg = _masked_exp_(ws.w_neg[:rows], neg, dist, params.Tn, -1.0)
-    else:
-        w_neg = _given_weights_(ws.w_neg[:rows], neg, neg_source, start)
-    return w_pos, w_neg
-
+from .ranked_list_params import check_loss_finite, check_loss_range, check_rll_params
+from .ranked_list_sparse import SparseWeights, inverse_or_zero, segment_sum
 
 # A chunk whose mined pairs are at most this fraction of its pairs keeps them as a sparse list
 # (row, column: int32; coefficient) for the backward, 12-16 bytes per mined pair, i.e. at most
@@ -179,7 +106,7 @@ class _ChunkedRankedList(torch.autograd.Function):
         starts = range(0, n, chunk_rows)
         workers = chunk_workers(len(starts), queries.device)
         source = ExclusiveRows(categories, workers)
-        spaces = [_Workspace(min(chunk_rows, n), m, queries) for _ in range(workers)]
+        spaces = [Workspace(min(chunk_rows, n), m, queries) for _ in range(workers)]
         totals = (z_pos, s_pos, z_neg, s_neg, num_pos, num_neg)
 
         def chunk(index: int, worker: int):
@@ -187,7 +114,7 @@ class _ChunkedRankedList(torch.autograd.Function):
             stop = min(start + chunk_rows, n)
             rows, ws = stop - start, spaces[worker]
             cat = source.rows(start, stop, worker)
-            dist, pos, neg = _mine_chunk(queries[start:stop], refs, ref_sq, cat, params, ws)
+            dist, pos, neg = mine_chunk(queries[start:stop], refs, ref_sq, cat, params, ws)
             if params.share:
                 log_w[start:stop] = log_weight_sums(
                     dist, pos, neg, params.alpha, params.margin, params.Tn, params.Tp
@@ -195,9 +122,9 @@ class _ChunkedRankedList(torch.autograd.Function):
             mined = torch.logical_or(pos, neg, out=ws.cand[:rows])
             stored = None
             if int(torch.count_nonzero(mined)) <= SPARSE_FRACTION * rows * m:
-                sums, stored = _sparse_chunk(dist, pos, mined, neg_source, params, ws, start)
+                sums, stored = sparse_chunk(dist, pos, mined, neg_source, params, ws, start)
             else:
-                sums = _dense_chunk_sums(dist, pos, neg, neg_source, params, ws, start)
+                sums = dense_chunk_sums(dist, pos, neg, neg_source, params, ws, start)
             for total, part in zip(totals, sums):
                 total[start:stop] = part
             return stored
@@ -259,15 +186,15 @@ class _ChunkedRankedList(torch.autograd.Function):
             # With it they all add into grad_r, so they run in order (deterministic sums).
             workers = 1 if need_r else chunk_workers(len(dense_starts), queries.device)
             source = ExclusiveRows(categories, workers)
-            spaces = [_Workspace(min(chunk_rows, n), m, queries) for _ in range(workers)]
+            spaces = [Workspace(min(chunk_rows, n), m, queries) for _ in range(workers)]
 
             def chunk(index: int, worker: int) -> None:
                 start = dense_starts[index]
                 stop = min(start + chunk_rows, n)
                 q, ws = queries[start:stop], spaces[worker]
                 cat = source.rows(start, stop, worker)
-                dist, pos, neg = _mine_chunk(q, refs, ref_sq, cat, params, ws)
-                w_pos, w_neg = _dense_weights(dist, pos, neg, neg_source, params, ws, start)
+                dist, pos, neg = mine_chunk(q, refs, ref_sq, cat, params, ws)
+                w_pos, w_neg = dense_weights(dist, pos, neg, neg_source, params, ws, start)
                 coef = w_pos.mul_(scale_pos[start:stop, None])
                 coef.sub_(w_neg.mul_(scale_neg[start:stop, None])).div_(dist)
                 coef.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # d = 0: gradient 0, as cdist
@@ -282,58 +209,6 @@ class _ChunkedRankedList(torch.autograd.Function):
         if need_r:
             grad_r.addcmul_(refs, col_sum.unsqueeze(1))
         return grad_q, grad_r, None, None, None, None
-
-
-def _dense_chunk_sums(dist, pos, neg, neg_source, params, ws, start):
-    """Per-row ``(Z+, S+, Z-, S-, #pos, #neg)`` of a chunk over its full ``(rows, M)`` buffers."""
-    w_pos, w_neg = _dense_weights(dist, pos, neg, neg_source, params, ws, start)
-    return (
-        w_pos.sum(1),
-        torch.linalg.vecdot(w_pos, dist),
-        w_neg.sum(1),
-        torch.linalg.vecdot(w_neg, dist),
-        pos.sum(1, dtype=torch.int32),
-        neg.sum(1, dtype=torch.int32),
-    )
-
-
-def _sparse_chunk(dist, pos, mined, neg_source, params, ws, start):
-    """Per-row sums of a chunk from its list of mined pairs, and that list with each pair's
-    backward coefficient ``dL_i/dd_ij / d_ij``: ``(start, local rows, columns, coefficients)``."""
-    rows = len(dist)
-    row, col = mined.nonzero(as_tuple=True)
-    d, is_pos = dist[row, col], pos[row, col]
-    is_neg = ~is_pos
-    rp, dp = row[is_pos], d[is_pos]
-    rn, cn, dn = row[is_neg], col[is_neg], d[is_neg]
-    e_pos = segment_exp(dp, rp, rows, params.Tp, 1.0)
-    if neg_source is None:
-        e_neg = segment_exp(dn, rn, rows, params.Tn, -1.0)
-    else:  # a miner's weights, each row scaled so its largest is 1 (as the dense path)
-        e_neg = neg_source.rows(start, start + rows, ws.w_neg[:rows])[rn, cn]
-        row_max = e_neg.new_zeros(rows).scatter_reduce_(0, rn, e_neg, "amax")
-        e_neg = e_neg / torch.where(row_max > 0, row_max, 1.0)[rn]
-    z_pos, z_neg = segment_sum(e_pos, rp, rows), segment_sum(e_neg, rn, rows)
-    sums = (
-        z_pos,
-        segment_sum(e_pos * dp, rp, rows),
-        z_neg,
-        segment_sum(e_neg * dn, rn, rows),
-        torch.bincount(rp, minlength=rows),
-        torch.bincount(rn, minlength=rows),
-    )
-    # dL_i/dd_ij = lam_pos w+_ij / Z+_i on positives, -lam w-_ij / Z-_i on negatives; then
-    # / d_ij (0 at d = 0, the cdist convention; a mined positive has d > alpha - m > 0).
-    c_pos = e_pos.mul_(inverse_or_zero(z_pos)[rp]).mul_(params.lam_pos).div_(dp)
-    c_neg = e_neg.mul_(inverse_or_zero(z_neg)[rn]).mul_(-params.lam).div_(dn)
-    c_neg.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-    stored = (
-        start,
-        torch.cat([rp, rn]).int(),
-        torch.cat([col[is_pos], cn]).int(),
-        torch.cat([c_pos, c_neg]),
-    )
-    return sums, stored
 
 
 def chunked_ranked_list_terms(
@@ -395,7 +270,7 @@ def chunked_ranked_list_terms(
             f"categories must have shape {(len(queries), len(refs))}, got {tuple(categories.shape)}"
         )
     check_loss_range(queries.dtype, alpha, lam, lam_pos)
-    params = _Params(
+    params = ChunkParams(
         float(alpha), float(margin), float(Tn), float(Tp), float(lam), float(lam_pos), share
     )
     chunk_rows = rows_per_chunk(len(queries), len(refs), chunk_size)
@@ -429,7 +304,7 @@ def chunked_ranked_list_mining(
     check_rll_params(alpha, margin, Tn)
     if isinstance(categories, torch.Tensor):
         categories = DenseCategories(categories)
-    params = _Params(float(alpha), float(margin), float(Tn), 0.0, 1.0)
+    params = ChunkParams(float(alpha), float(margin), float(Tn), 0.0, 1.0)
     n, m = len(queries), len(refs)
     chunk_rows = rows_per_chunk(n, m, chunk_size)
     out = [[], [], [], [], []]
@@ -444,15 +319,15 @@ def chunked_ranked_list_mining(
         starts = range(0, n, chunk_rows)
         workers = chunk_workers(len(starts), queries.device)
         source = ExclusiveRows(categories, workers)
-        spaces = [_Workspace(min(chunk_rows, max(n, 1)), m, queries) for _ in range(workers)]
+        spaces = [Workspace(min(chunk_rows, max(n, 1)), m, queries) for _ in range(workers)]
 
         def chunk(index: int, worker: int):
             start = starts[index]
             stop = min(start + chunk_rows, n)
             ws = spaces[worker]
             cat = source.rows(start, stop, worker)
-            dist, pos, neg = _mine_chunk(queries[start:stop], refs, ref_sq, cat, params, ws)
-            _, w_neg = _dense_weights(dist, pos, neg, None, params, ws, start)
+            dist, pos, neg = mine_chunk(queries[start:stop], refs, ref_sq, cat, params, ws)
+            _, w_neg = dense_weights(dist, pos, neg, None, params, ws, start)
             a1, p = pos.nonzero(as_tuple=True)
             a2, ng = neg.nonzero(as_tuple=True)
             weights = w_neg[a2, ng] * inverse_or_zero(w_neg.sum(1))[a2]

@@ -31,9 +31,9 @@ class SparseWeights:
 
 
 def segment_exp(d, row, rows: int, T: float, sign: float) -> torch.Tensor:
-    """Sparse twin of ``ranked_list_chunked._masked_exp_``: ``exp(sign T (d - ext[row]))`` for a
-    list of mined distances ``d`` of query rows ``row``, ``ext`` the per-row max (sign +1) or min
-    (sign -1)."""
+    """Sparse twin of ``ranked_list_chunk_steps.masked_exp_``: ``exp(sign T (d - ext[row]))``
+    for a list of mined distances ``d`` of query rows ``row``, ``ext`` the per-row max (sign +1)
+    or min (sign -1)."""
     if T == 0.0:
         return torch.ones_like(d)
     fill, how = (float("-inf"), "amax") if sign > 0 else (float("inf"), "amin")

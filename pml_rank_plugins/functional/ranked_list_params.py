@@ -1,0 +1,128 @@
+"""Parameters of the Ranked List Loss (Wang et al., "Ranked List Loss for Deep Metric Learning",
+CVPR 2019): their checks, PML's default ``alpha``, the two parametrizations of the term weights,
+and the checks that the loss stays representable in the compute dtype.
+
+Notation as in :mod:`~pml_rank_plugins.functional.ranked_list`: negative boundary ``alpha``,
+margin ``m`` (positives pulled within ``alpha - m``), temperatures ``Tn`` (eq. 9) and ``Tp``
+(positive twin, journal version), ``L = lam_pos L_P + lam L_N`` (eq. 13, ``lam_pos = 1`` in the
+paper). Shared by the dense and chunked kernels, the loss and the miner. All O(1) except
+:func:`check_loss_finite` (O(N)). Pure torch, no PML import.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_rll_params(
+    alpha: float,
+    margin: float,
+    Tn: float,
+    Tp: float = 0.0,
+    lam: float = 1.0,
+    lam_pos: float = 1.0,
+) -> None:
+    """Raise ``ValueError`` unless ``alpha > margin >= 0``, ``Tn, Tp, lam, lam_pos >= 0``, all
+    finite real numbers (bools refused)."""
+    values = {"alpha": alpha, "margin": margin, "Tn": Tn, "Tp": Tp, "lam": lam, "lam_pos": lam_pos}
+    for name, value in values.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{name} must be a real number, got {value!r}")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{name} must be finite, got {value}")
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    if alpha <= margin:
+        raise ValueError(
+            f"alpha must be larger than margin (positive boundary alpha - margin > 0), "
+            f"got alpha={alpha}, margin={margin}"
+        )
+    for name in ("Tn", "Tp", "lam", "lam_pos"):
+        if values[name] < 0:
+            raise ValueError(f"{name} must be >= 0, got {values[name]}")
+
+
+def _real(value, name: str) -> float:
+    """``value`` as a float if it is a finite real number (bools refused), else ``ValueError``."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
+def default_alpha(margin: float, alpha: float | None) -> float:
+    """``alpha``, or PML's default ``1 + margin / 2`` when it is ``None`` (1.2 for the paper's
+    ``margin = 0.4``). ``margin`` itself is checked by :func:`check_rll_params`."""
+    if alpha is not None:
+        return alpha
+    return 1.0 + _real(margin, "margin") / 2.0
+
+
+def term_weights(imbalance: float | None, lam: float | None) -> tuple[float, float]:
+    """``(lam_pos, lam)``, the weights of ``L_P`` and ``L_N``, from one of the two
+    parametrizations.
+
+    Args:
+        imbalance: PML's ``b`` in ``[0, 1]``: ``(1 - b) L_P + b L_N``, i.e. ``(1 - b, b)``
+            (``(1 - b) *`` the paper's loss with ``lam = b / (1 - b)``), or ``None``.
+        lam: the paper's eq. 13 ``L_P + lam L_N``, i.e. ``(1, lam)``, or ``None`` (1).
+
+    Returns:
+        ``(lam_pos, lam)`` as floats.
+
+    Raises:
+        ValueError: both given (naming both and the conversion), or ``imbalance`` outside
+            ``[0, 1]`` (also hinting at the positional order, since the old one put ``Tn``
+            third).
+    """
+    if imbalance is not None and lam is not None:
+        raise ValueError(
+            f"pass either imbalance (PML: (1 - imbalance) L_P + imbalance L_N) or lam (paper: "
+            f"L_P + lam L_N), not both: got imbalance={imbalance!r}, lam={lam!r}; imbalance=b is "
+            "(1 - b) * the loss with lam=b / (1 - b)"
+        )
+    if imbalance is None:
+        return 1.0, 1.0 if lam is None else lam
+    b = _real(imbalance, "imbalance")
+    if not 0.0 <= b <= 1.0:
+        raise ValueError(
+            f"imbalance must be in [0, 1], got {b:g} (the positional order is PML's: margin, Tn, "
+            "imbalance, alpha, Tp; pass alpha=... by keyword)"
+        )
+    return 1.0 - b, b
+
+
+def check_loss_range(dtype: torch.dtype, alpha: float, lam: float, lam_pos: float = 1.0) -> None:
+    """Raise ``ValueError`` naming ``alpha`` / ``lam`` / ``lam_pos`` if one is not representable
+    in the compute ``dtype`` (it would round to ``inf`` and make the loss or its gradient
+    inf/NaN)."""
+    big = torch.finfo(dtype).max
+    for name, value in (("alpha", alpha), ("lam", lam), ("lam_pos", lam_pos)):
+        if value > big:
+            raise ValueError(
+                f"{name}={value:g} exceeds the largest {dtype} ({big:.4g}): the loss would "
+                f"overflow; use a smaller {name} or float64 embeddings"
+            )
+
+
+def check_loss_finite(value: torch.Tensor, alpha: float, lam: float) -> None:
+    """Raise ``ValueError`` if the per-query losses (or their sum, which the mean reduction
+    forms) overflow: inputs are finite and weights normalized, so only large ``lam * L_N``
+    (``L_N <= alpha``) or huge distances can get there. O(N)."""
+    if not torch.isfinite(value.sum()):
+        big = torch.finfo(value.dtype).max
+        raise ValueError(
+            f"the Ranked List Loss overflows {value.dtype} (largest {big:.4g}): per-query losses "
+            f"reach L_P + lam * L_N with lam={lam:g}, L_N <= alpha={alpha:g}; use a smaller lam "
+            "or alpha, smaller distances, or float64 embeddings"
+        )
+
+
+__all__ = [
+    "check_loss_finite",
+    "check_loss_range",
+    "check_rll_params",
+    "default_alpha",
+    "term_weights",
+]
