@@ -46,12 +46,12 @@ def main() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         start = time.perf_counter()
-        ours = CategoryHardSampler(labels, 256, batches_per_pair=5)
+        ours = CategoryHardSampler(labels, batch_size=256, batches_per_pair=5)
         ours_init = time.perf_counter() - start
         start = time.perf_counter()
         pml = HierarchicalSampler(labels, 256, "all", batches_per_super_tuple=5)
         pml_init = time.perf_counter() - start
-        rand = RandomClassSampler(labels, 256)
+        rand = RandomClassSampler(labels, batch_size=256)
     ours_epoch = best_time(lambda: ours.epoch_batches(1), args.repeats)
     pml_epoch = best_time(pml.reshuffle, args.repeats)
     rand_epoch = best_time(lambda: rand.epoch_batches(1), args.repeats)

@@ -70,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 def _guarded(args) -> int:
     """Run a command that loads configs: config mistakes exit 2, failed runs exit 1."""
     from .experiment import ConfigError, UnknownNameError, allow_modules
-    from .running import NonFiniteError, RunFolderError, shutdown
-    from .running.tune import StorageError
+    from .running import NonFiniteError, RunFolderError, StorageError, shutdown
 
     try:
         if args.allow_module:  # before any config or run folder is read
@@ -86,26 +85,39 @@ def _guarded(args) -> int:
     except (NonFiniteError, RunFolderError, StorageError, ValueError, TypeError, OSError) as e:
         _report(args, "error", e)
         return 1
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 -- one line, never a traceback unless --debug
+        _report(args, "error", e, hint=True)
+        return 1
     finally:
         shutdown()  # under torchrun: the process group runner.train started
 
 
-def _check_device(device: str | None) -> None:
-    """``--device`` names a device this machine has: one line (exit 2) instead of a CUDA
-    traceback deep inside the first run."""
+def _check_device(device: str | None, key: str = "--device") -> None:
+    """``--device`` (or a config's ``device``, ``key`` names which) is a device this machine
+    has: one line (exit 2) instead of a CUDA traceback deep inside the first run."""
     if device is None:
         return
-    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
-        raise _BadArgument(f"--device {device}: not a device; use {DEVICE_FORMS}")
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
+        raise _BadArgument(f"{key} {device}: not a device; use {DEVICE_FORMS}")
     import torch
 
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     available = ["cpu"] + [f"cuda:{i}" for i in range(cuda)]
     available += ["mps"] if torch.backends.mps.is_available() else []
     if ("cuda:0" if device == "cuda" else device) not in available:
+        fix = "" if key == "--device" else "; pass --device cpu or change the config"
         raise _BadArgument(
-            f"--device {device}: not available here; available: {', '.join(available)}"
+            f"{key} {device}: not available here; available: {', '.join(available)}{fix}"
         )
+
+
+def _check_config_devices(args, configs: dict) -> None:
+    """Without ``--device``, every selected method's ``device:`` must exist here."""
+    if args.device is None:
+        for name, cfg in configs.items():
+            _check_device(cfg.get("device"), f"method {name!r}: device")
 
 
 def _closed_pipe() -> int:
@@ -116,10 +128,13 @@ def _closed_pipe() -> int:
     return 1
 
 
-def _report(args, kind: str, e: BaseException) -> None:
-    if args.verbose:
+def _report(args, kind: str, e: BaseException, hint: bool = False) -> None:
+    if args.verbose or args.debug:
         logging.getLogger(__name__).exception("%s", kind)
-    print(f"pml-rank: {kind}: {e}", file=sys.stderr)
+    text = " ".join(str(e).split()) or "(no message)"
+    if hint:  # an error we did not anticipate: name its type, and where to see more
+        text = f"{type(e).__name__}: {text}" + ("" if args.debug else " (--debug: traceback)")
+    print(f"pml-rank: {kind}: {text}", file=sys.stderr)
 
 
 class _BadConfig(Exception):
@@ -188,6 +203,7 @@ def _run(args) -> int:
         methods = [args.method] if args.method else None
         (path,) = _config_paths([args.config])
         configs = _load(collect_methods, [path], args.overrides, methods, _data_root(args))
+        _check_config_devices(args, configs)
         out = Path(args.out or Path("runs") / path.stem)
         for name, cfg in configs.items():
             run_dir = out if len(configs) == 1 else out / slug(name)
@@ -209,6 +225,7 @@ def _run(args) -> int:
         paths = _config_paths(args.configs)
         data_root = _data_root(args)
         configs = _load(collect_methods, paths, args.overrides, methods, data_root)
+        _check_config_devices(args, configs)
         if args.reference is not None and args.reference not in configs:
             raise _BadConfig(f"--reference {args.reference!r}: not one of {list(configs)}")
         _load(check_methods, configs)  # fail fast, before the first run
@@ -240,6 +257,8 @@ def _run(args) -> int:
         return _report_failures(summary)
     elif args.command == "tune":
         (path,) = _config_paths([args.config])
+        configs = _load(collect_methods, [path], args.overrides, _methods(args), _data_root(args))
+        _check_config_devices(args, configs)
         summary = run_tune(
             [path],
             args.out,
@@ -260,6 +279,8 @@ def _run(args) -> int:
             return 1
     elif args.command == "check":
         paths = [str(p) for p in _config_paths(args.configs)]
+        configs = _load(collect_methods, paths, args.overrides, _methods(args), _data_root(args))
+        _check_config_devices(args, configs)
         with repeated_logs_once():  # "metric_loss has no parameters" once, with a count
             lines = _load(
                 check_configs, paths, args.overrides, _methods(args), args.device, _data_root(args)
@@ -285,11 +306,19 @@ def _list(substring: str) -> int:
 
 
 def _report_failures(summary: dict) -> int:
-    """Exit status 1 when any run failed (the others completed and are in the tables)."""
+    """Exit status 1 when any run failed or was refused (the others completed and are in the
+    tables); a refused run never started: its folder was in use by another live command."""
     failed = len(summary.get("failed") or [])
+    refused = len(summary.get("refused") or [])
     if failed:
         print(f"pml-rank: {failed} run(s) failed; see the table and summary.json", file=sys.stderr)
-    return 1 if failed else 0
+    if refused:
+        print(
+            f"pml-rank: {refused} run(s) refused: folder busy (in use by another live command) "
+            "or unsafe; nothing was written there; run again with --resume once it is free",
+            file=sys.stderr,
+        )
+    return 1 if failed or refused else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._version import __version__
+
 DEVICE_FORMS = "cpu, cuda, cuda:N or mps"
 CONFIG_HELP = "YAML file or shipped config name, e.g. default, omniglot or configs/default.yaml"
 CONFIGS_HELP = "YAML files or shipped config names, e.g. default or ablations/fastap_bins"
@@ -32,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "-v", "--verbose", action="store_true", help="log PML's INFO messages and full tracebacks"
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="print the full traceback of an error (otherwise one line naming the file or key)",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -152,11 +152,6 @@ def test_busy_folder_compare_writes_nothing(tmp_path, capsys):
     assert not list(out.rglob("failed.json"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the reporting/summary.py + cli.py change of the issue-28 helper report "
-    "(summary['refused'], exit 1 'N run(s) refused')",
-)
 def test_busy_folder_compare_reports_refused(tmp_path, capsys):
     out = tmp_path / "out"
     dump_yaml(methods_config("A", "B"), tmp_path / "C.yaml")

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 LIBRARY = {"functional", "utils", "losses", "miners", "samplers", "trainers", "data", "models"}
 # subpackage -> the subpackages it may import (besides itself and the root's ``__version__``)
 ALLOWED: dict[str, set[str]] = {
+    "_version": set(),  # the version string, standard library only: importable from anywhere
     "functional": set(),
     "utils": {"functional"},
     "losses": {"functional", "utils"},

@@ -25,6 +25,7 @@ from .methods import collect_methods
 from .revisited import build_revisited, revisited_entries
 from .schema import spec_name_and_kwargs
 from .search_space import check_tune_config
+from .space_values import check_space_values
 
 
 def _short(obj) -> str:
@@ -71,6 +72,7 @@ def check_method(name: str, config: dict, device: str | None = None) -> str:
     dev = device or "cpu"
     if config.get("tune"):  # the search space and budget `pml-rank tune` would use
         check_tune_config(config, name, require=False)
+        check_space_values(config, name)
     all_folds = mlrc.is_mlrc(config) and mlrc.mlrc_fold(config) is None
     cfg = mlrc.mlrc_fold_config(config, 0) if all_folds else copy.deepcopy(config)
     exp = builder.build_experiment(cfg, dev)

@@ -62,7 +62,17 @@ def call_named(where: str, name: str, fn, /, *args, **kwargs) -> Any:
 
 
 def _renamed(e: Exception, prefix: str) -> Exception:
-    if type(e) in (Exception, RuntimeError, KeyError, AssertionError):
+    # errors a constructor raises on a bad value without saying so: a config mistake (exit 2)
+    if type(e) in (
+        Exception,
+        RuntimeError,
+        KeyError,
+        AssertionError,
+        IndexError,
+        AttributeError,
+        OverflowError,
+        ZeroDivisionError,
+    ):
         return ConfigError(f"{prefix}{type(e).__name__}: {e}")
     try:
         return type(e)(f"{prefix}{e}")

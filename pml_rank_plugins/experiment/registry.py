@@ -340,3 +340,35 @@ def check_keywords(obj: Callable, kwargs: dict, where: str = "") -> None:
             f"{getattr(obj, '__name__', obj)}{loc}: unexpected keyword(s) {', '.join(hints)}; "
             f"signature: {signature_text(obj)}"
         )
+    _check_no_bool_for_numbers(obj, kwargs, where)
+
+
+# A YAML `true` where a class declares a number would be read as 1 (``in_channels: true``).
+_NUMBER_ANNOTATIONS = {
+    "int",
+    "float",
+    "int | None",
+    "float | None",
+    "Optional[int]",
+    "Optional[float]",
+    "int | float",
+    "float | int",
+}
+
+
+def _check_no_bool_for_numbers(obj: Callable, kwargs: dict, where: str) -> None:
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return
+    for key, value in kwargs.items():
+        if not isinstance(value, bool) or key not in params:
+            continue
+        ann = params[key].annotation
+        text = ann if isinstance(ann, str) else getattr(ann, "__name__", str(ann))
+        if text in _NUMBER_ANNOTATIONS:
+            loc = f"{where}." if where else ""
+            raise TypeError(
+                f"{loc}{key}: expected a number ({text}), got {str(value).lower()} (YAML "
+                f"true/false is a boolean, which Python would read as {int(value)})"
+            )

@@ -183,16 +183,33 @@ def expand_methods(config: dict, default_name: str = "run") -> dict[str, dict]:
     name = base.get("name", default_name)
     if not isinstance(name, str):
         raise ConfigError(f"name: expected a string, got {name!r}")
+    if methods is not None and not isinstance(methods, dict):
+        raise ConfigError(
+            f"methods: expected a mapping {{method name: partial config}}, got "
+            f"{type(methods).__name__} {_shown(methods)}"
+        )
     if not methods:
         return {name: base}
     if not isinstance(methods, dict):
         raise ConfigError("methods: expected a mapping {method name: partial config}")
     out = {}
     for name, partial in methods.items():
+        if partial is not None and not isinstance(partial, dict):
+            raise ConfigError(
+                f"methods.{name}: expected a mapping (the method's partial config), got "
+                f"{type(partial).__name__} {_shown(partial)}"
+            )
         cfg = deep_merge(base, partial or {})
         # A search space's one-key mappings look like object specs to deep_merge; a method's
         # tune.space entries extend or replace the top-level ones key by key.
-        spaces = [(c.get("tune") or {}).get("space") for c in (base, partial or {})]
+        tunes = [c.get("tune") for c in (base, partial or {})]
+        for where, t in zip(("tune", f"methods.{name}.tune"), tunes):
+            if t is not None and not isinstance(t, dict):
+                raise ConfigError(
+                    f"{where}: expected a mapping with trials/sampler/pruner/space, got "
+                    f"{type(t).__name__} {_shown(t)}"
+                )
+        spaces = [(t or {}).get("space") for t in tunes]
         if all(isinstance(sp, dict) for sp in spaces):
             cfg["tune"]["space"] = {**spaces[0], **spaces[1]}
         cfg["name"] = str(name)
@@ -233,6 +250,29 @@ def _walk_specs(value: Any, where: str):
             yield from _walk_specs(v, f"{where}[{i}]")
 
 
+# Top-level sections that must be mappings when present (a `--set optimizers=5` or a YAML list
+# there would otherwise fail deep inside with an AttributeError).
+MAPPING_SECTIONS = (
+    "models",
+    "loss_funcs",
+    "trainer",
+    "eval",
+    "split",
+    "transforms",
+    "tune",
+    "mining_funcs",
+    "optimizers",
+    "lr_schedulers",
+    "datasets",
+    "compare",
+)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def validate(config: dict) -> dict:
     """Check structure, that every class name resolves and that every keyword is accepted.
 
@@ -249,6 +289,25 @@ def validate(config: dict) -> dict:
     for key in ("models", "loss_funcs", "trainer"):
         if key not in config:
             raise ConfigError(f"missing required section {key!r}")
+    if "methods" in config:  # validate sees expanded methods; only a --set can put it back
+        raise ConfigError(
+            "methods: a --set cannot add or change methods (they are expanded before --set "
+            "applies); edit the config, and choose methods with --methods"
+        )
+    for key in MAPPING_SECTIONS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(
+                f"{key}: expected a mapping (key: value lines), got {type(value).__name__} "
+                f"{_shown(value)}"
+            )
+    for key in ("models", "loss_funcs", "optimizers", "mining_funcs", "lr_schedulers"):
+        for name, spec in (config.get(key) or {}).items():
+            if spec is not None and not isinstance(spec, (dict, str)):
+                raise ConfigError(
+                    f"{key}.{name}: expected {{ClassName: {{kwargs}}}}, got "
+                    f"{type(spec).__name__} {_shown(spec)}"
+                )
     if ("dataset" in config) == ("datasets" in config):
         raise ConfigError(
             "give exactly one of 'dataset' (one dataset, cut by 'split') or 'datasets' "

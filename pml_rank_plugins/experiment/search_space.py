@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -39,6 +40,7 @@ TUNE_KEYS = {"trials", "sampler", "pruner", "space"}
 DEFAULT_TRIALS = 20
 DEFAULT_SAMPLER = {"TPESampler": {"seed": 0}}
 DEFAULT_PRUNER = {"MedianPruner": {"n_warmup_steps": 1}}
+UNTUNABLE = ("split", "dataset", "eval")  # top-level sections a space may not reach
 _SCALARS = (bool, int, float, str, type(None))
 
 
@@ -60,8 +62,14 @@ class Param:
 
 
 def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{where}: bounds must be finite numbers, got {value!r}")
+    try:  # an int beyond float's range (10**400) overflows in isfinite
+        ok = not isinstance(value, bool) and isinstance(value, (int, float))
+        ok = ok and math.isfinite(value)
+    except OverflowError:
+        ok = False
+    if not ok:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise ConfigError(f"{where}: bounds must be finite numbers, got {shown}")
     return value
 
 
@@ -183,6 +191,12 @@ def method_space(config: Mapping, method: str, require: bool = True) -> dict[str
         raise ConfigError(f"{where}: empty; give at least one key path to tune")
     bare = strip_tune(config)
     for path in params:
+        if path.split(".")[0] in UNTUNABLE:
+            raise ConfigError(
+                f"{where}.{path}: keys under {'/'.join(UNTUNABLE)} cannot be tuned (they change "
+                "which classes are validated or what is evaluated, so trials would not be "
+                "comparable and the final config would test on classes tuning validated on)"
+            )
         if not _leaf_exists(bare, path.split(".")):
             raise ConfigError(
                 f"{where}.{path}: no such key in the method's config (key paths are --set "
@@ -211,7 +225,8 @@ def optuna_object(spec: Any, module: Any, where: str) -> Any:
         return None
     name, kwargs = (spec, {}) if isinstance(spec, str) else next(iter(spec.items()))
     cls = getattr(module, str(name), None)
-    if not isinstance(cls, type) or name.startswith("Base"):
+    public = str(name)[:1].isupper() and not str(name).startswith(("Base", "_"))
+    if not isinstance(cls, type) or not public or not isinstance(kwargs or {}, Mapping):
         names = sorted(n for n in dir(module) if n[0].isupper() and not n.startswith("Base"))
         raise ConfigError(f"{where}: {name!r} is not one of {module.__name__}: {names}")
     try:
@@ -226,6 +241,42 @@ def check_tune_config(config: Mapping, method: str, require: bool = True) -> dic
     space."""
     space = method_space(config, method, require)
     section = tune_section(config, f"method {method!r}: tune")
-    optuna_object(section["sampler"], optuna.samplers, f"method {method!r}: tune.sampler")
-    optuna_object(section["pruner"], optuna.pruners, f"method {method!r}: tune.pruner")
+    where = f"method {method!r}: tune"
+    sampler = optuna_object(section["sampler"], optuna.samplers, f"{where}.sampler")
+    pruner = optuna_object(section["pruner"], optuna.pruners, f"{where}.pruner")
+    if space:
+        dry_run(sampler, pruner, space, where)
     return space
+
+
+def dry_run(sampler: Any, pruner: Any, space: Mapping[str, Param], where: str) -> None:
+    """Ask and prune two trials of an in-memory study with this sampler and pruner, so a value
+    the constructor accepts but sampling cannot use is found before any trial trains."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
+            for _ in range(2):
+                trial = study.ask()
+                values = {p.path: suggest(trial, p) for p in space.values()}
+                trial.report(0.5, 1)
+                trial.should_prune()
+                try:
+                    study.tell(trial, 0.5 if values is not None else None)
+                except RuntimeError as e:  # grid/brute force: the space is exhausted, fine
+                    if "Study.stop" not in str(e):
+                        raise
+                    break
+        except Exception as e:  # noqa: BLE001 -- Optuna raises many kinds for a bad sampler
+            raise ConfigError(
+                f"{where}.sampler/pruner: cannot sample the space: {type(e).__name__}: {e}"
+            ) from e
+
+
+def suggest(trial: Any, p: Param) -> Any:
+    """Draw ``p`` from an Optuna ``trial`` (the parameter is named by its key path)."""
+    if p.kind == "int":
+        return trial.suggest_int(p.path, p.low, p.high, log=p.log)
+    if p.kind == "float":
+        return trial.suggest_float(p.path, p.low, p.high, log=p.log)
+    return trial.suggest_categorical(p.path, list(p.choices))

@@ -30,7 +30,7 @@ from ..experiment.methods import check_methods, collect_methods
 from ..experiment.schema import equivalence_margin
 from ..experiment.tuned import load_tuned, tuned_configs
 from ..running import distributed
-from ..running.pool import Job, execute, is_failed, make_jobs
+from ..running.pool import Job, execute, is_failed, is_refused, make_jobs
 from . import retrieval
 from .summary import primary_metric, summarize, write_outputs
 
@@ -107,7 +107,13 @@ def write_pictures(results: dict, jobs: Sequence[Job], device: str | None) -> di
     out = {}
     for name, by_run in results.items():
         job = next(
-            (j for j in jobs if j.name == name and not is_failed(by_run.get(j.run_id, {}))),
+            (
+                j
+                for j in jobs
+                if j.name == name
+                and not is_failed(m := by_run.get(j.run_id, {}))
+                and not is_refused(m)
+            ),
             None,
         )
         if job is None:

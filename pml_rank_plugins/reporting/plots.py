@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..experiment.methods import slug
-from ..running.pool import is_failed
+from ..running.pool import is_failed, is_refused
 from . import statistics, style
 from .tables import DEFAULT_PRIMARY, metric_label, test_metrics
 
@@ -37,7 +37,8 @@ def _band(values: Sequence[float]) -> tuple[float, float]:
 
 def _ok_runs(results: dict) -> dict[str, list[dict]]:
     return {
-        name: [m for m in by_run.values() if not is_failed(m)] for name, by_run in results.items()
+        name: [m for m in by_run.values() if not is_failed(m) and not is_refused(m)]
+        for name, by_run in results.items()
     }
 
 

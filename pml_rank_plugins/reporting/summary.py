@@ -22,7 +22,7 @@ import numpy as np
 
 from ..experiment.methods import slug
 from ..experiment.schema import equivalence_margin, load_yaml
-from ..running.pool import FAILED_FILE, is_failed
+from ..running.pool import FAILED_FILE, is_failed, is_refused
 from . import statistics
 from .plots import write_plots
 from .tables import (
@@ -72,11 +72,15 @@ def summarize(
     run_ids: list[str] = []
     ok: dict[str, dict[str, dict]] = {}
     failed = []
+    refused = []
     for name, by_run in results.items():
         ok[name] = {}
         for rid, m in by_run.items():
             if rid not in run_ids:
                 run_ids.append(rid)
+            if is_refused(m):  # never started: neither a result nor a failure
+                refused.append({label: name, "run_id": rid, "error": m.get("error", "?")})
+                continue
             if is_failed(m):
                 failed.append({label: name, "run_id": rid, "error": m.get("error", "?")})
                 continue
@@ -98,7 +102,7 @@ def summarize(
     rows = {}
     for name, by_run in results.items():
         row = dict(stats["stats"][name])
-        good = [m for m in by_run.values() if not is_failed(m)]
+        good = [m for m in by_run.values() if not is_failed(m) and not is_refused(m)]
         secs = [
             float(m.get("wall_seconds", m.get("train_seconds_this_call", np.nan))) for m in good
         ]
@@ -107,11 +111,15 @@ def summarize(
             "values": secs,
         }
         row["best_epoch"] = {
-            rid: m.get("best", {}).get("epoch") for rid, m in by_run.items() if not is_failed(m)
+            rid: m.get("best", {}).get("epoch")
+            for rid, m in by_run.items()
+            if not is_failed(m) and not is_refused(m)
         }
         row["n_runs"] = len(by_run)
-        row["n_failed"] = len(by_run) - len(good)
+        row["n_refused"] = sum(is_refused(m) for m in by_run.values())
+        row["n_failed"] = len(by_run) - len(good) - row["n_refused"]
         row["failed"] = {rid: m.get("error", "?") for rid, m in by_run.items() if is_failed(m)}
+        row["refused"] = {rid: m.get("error", "?") for rid, m in by_run.items() if is_refused(m)}
         rows[name] = row
     return {
         "label": label,
@@ -131,6 +139,7 @@ def summarize(
         "rows": rows,
         "differences": stats["differences"],
         "failed": failed,
+        "refused": refused,
     }
 
 

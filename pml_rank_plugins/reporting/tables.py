@@ -59,8 +59,11 @@ def metric_order(k: str):
 
 
 def _n_cell(row: dict) -> str:
-    n_ok = row["n_runs"] - row["n_failed"]
-    return f"{n_ok}" + (f" ({row['n_failed']} failed)" if row["n_failed"] else "")
+    n_refused = row.get("n_refused", 0)
+    n_ok = row["n_runs"] - row["n_failed"] - n_refused
+    notes = [f"{row['n_failed']} failed"] * bool(row["n_failed"])
+    notes += [f"{n_refused} refused"] * bool(n_refused)
+    return f"{n_ok}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def markdown_table(summary: dict, label: str = "method") -> str:
@@ -70,9 +73,11 @@ def markdown_table(summary: dict, label: str = "method") -> str:
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
     for name, row in summary["rows"].items():
         cells = [name, _n_cell(row)]
-        if row["n_runs"] == row["n_failed"]:
-            err = next(iter(row["failed"].values()), "?")
-            cells += [f"failed: {_short(err)}"] + [""] * (len(metrics) - 1) + ["-"]
+        if row["n_runs"] == row["n_failed"] + row.get("n_refused", 0):
+            err = next(iter(row["failed"].values()), None)
+            what = "refused" if err is None else "failed"
+            err = err or next(iter(row.get("refused", {}).values()), "?")
+            cells += [f"{what}: {_short(err)}"] + [""] * (len(metrics) - 1) + ["-"]
         else:
             cells += [statistics.format_mean_ci(row.get(m)) for m in metrics]
             secs = row["seconds"]["mean"]
@@ -91,12 +96,14 @@ def markdown_table(summary: dict, label: str = "method") -> str:
     diffs = summary.get("differences") or {}
     if ref is not None and diffs:
         text += differences_table(summary, label)
-    if summary.get("failed"):
-        text += "\nFailed runs:\n\n"
-        for f in summary["failed"]:
-            text += (
-                f"- {f.get(label, f.get('method'))} / {f['run_id']}: {_short(f['error'], 300)}\n"
-            )
+    for key, title in (("failed", "Failed runs"), ("refused", "Refused runs (not started)")):
+        if summary.get(key):
+            text += f"\n{title}:\n\n"
+            for f in summary[key]:
+                text += (
+                    f"- {f.get(label, f.get('method'))} / {f['run_id']}: "
+                    f"{_short(f['error'], 300)}\n"
+                )
     return text
 
 

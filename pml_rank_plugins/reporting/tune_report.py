@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from ..experiment.methods import check_methods, collect_methods, slug
 from ..experiment.search_space import check_tune_config
+from ..experiment.space_values import check_space_values
 from ..experiment.tuned import TUNE_FILE, TUNE_FORMAT
 from ..running.tune import tune
 from . import style
@@ -43,6 +44,7 @@ def collect_tune_methods(
     check_methods(selected)
     for name, cfg in selected.items():
         check_tune_config(cfg, name)
+        check_space_values(cfg, name)  # every value of the space builds, before any trial
     return selected
 
 

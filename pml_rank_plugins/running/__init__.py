@@ -23,7 +23,7 @@ from .evaluate import evaluate_run, read_run_config
 from .mlrc import evaluate_mlrc, train_mlrc
 from .nonfinite import NonFiniteCheck, NonFiniteError
 from .pool import FAILED_FILE, Job, execute, is_failed, make_jobs, repeated_logs_once, run_job
-from .run_folder import DiskFullError, RunFolderBusy, RunFolderError
+from .run_folder import DiskFullError, RunFolderBusy, RunFolderError, StorageError
 from .runner import evaluate, train
 from .training import train_run
 
@@ -36,6 +36,7 @@ __all__ = [
     "NonFiniteError",
     "RunFolderBusy",
     "RunFolderError",
+    "StorageError",
     "atomic_torch_save",
     "barrier",
     "choose_checkpoint",

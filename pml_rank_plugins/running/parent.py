@@ -42,7 +42,8 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """True when a process ``pid`` exists on this machine (signal 0; EPERM counts as alive)."""
+    """True when a process ``pid`` runs on this machine (signal 0; EPERM counts as alive). A
+    zombie (dead, not yet reaped: an orphan under an init that does not reap) is not alive."""
     if pid <= 0:
         return False
     try:
@@ -51,4 +52,9 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]  # the field after "(comm)"
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): signal 0 is all we know
+    return state not in ("Z", "X")

@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import ctypes
 import json
 import logging
 import logging.handlers
 import multiprocessing as mp
 import os
-import signal
 import socket
-import sys
 import threading
 import time
 import traceback
@@ -42,6 +39,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from ..experiment import registry
 from . import distributed, run_folder, runner
 from .jobs import FAILED_FILE, Job, check_inside, is_failed, is_refused, make_jobs, refused_record
+from .parent import exit_with_parent
 
 # Callers import the jobs' names from here too (they lived in this module).
 __all__ = [
@@ -58,10 +56,8 @@ __all__ = [
 ]
 
 LOGGER = logging.getLogger(__name__)
-PARENT_POLL_S = 0.5  # a worker notices its parent's death within this long
 # One line per epoch per run by design: never folded by :func:`repeated_logs_once`.
 EPOCH_LOGGER = "pml_rank_plugins.running.training"
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 _WORKER_SLOT: int | None = None
@@ -71,33 +67,12 @@ def _worker_init(
     slots, num_threads: int, registered: dict, parent_pid: int, log_queue, levels: dict
 ) -> None:
     global _WORKER_SLOT
-    _exit_with_parent(parent_pid)
+    exit_with_parent(parent_pid)  # one helper for compare and tune workers
     _log_to_parent(log_queue, levels)
     _WORKER_SLOT = slots.get()
     torch.set_num_threads(num_threads)
     for name, obj in registered.items():
         registry.register(name, obj, override=True)
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    """Worker side: die with the parent. A parent killed with ``kill -9`` never shuts its pool
-    down, so the workers would train on, orphaned. Linux: ``PR_SET_PDEATHSIG`` (immediate; the
-    pool's processes are started by the thread that stays in :func:`execute` until they end);
-    everywhere: a thread that exits once the parent pid is no longer ours."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-            LOGGER.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
-    threading.Thread(
-        target=_watch_parent, args=(parent_pid,), name="pml-rank-parent-watch", daemon=True
-    ).start()
-
-
-def _watch_parent(parent_pid: int) -> None:
-    # the parent may already be gone before prctl took effect; getppid() then differs
-    while os.getppid() == parent_pid:
-        time.sleep(PARENT_POLL_S)
-    os._exit(1)
 
 
 def _log_to_parent(log_queue, levels: dict) -> None:

@@ -286,3 +286,8 @@ def remove_partial_writes(run_dir: str | Path) -> list[Path]:
         LOGGER.warning("removing %s, left by an interrupted checkpoint write", p)
         p.unlink(missing_ok=True)
     return leftovers
+
+
+class StorageError(RuntimeError):
+    """A tune study's storage cannot be used: corrupt, locked, unreachable or edited (exit 1,
+    one line naming the URL)."""

@@ -89,8 +89,10 @@ def test_L3_ranked_list_float16_gradient_out_of_range_is_inf_loss_in_float16():
 def test_L3_histogram_float16_gradient_range(loss_cls):
     # Documented: at N = 32, ||x|| ~ 1 the largest entry is about 0.04 for the default num_bins
     # (growing roughly like num_bins and 1 / (N ||x||)), so finite; a loss scale (a GradScaler's)
-    # past 65504 / max|grad| turns entries into inf, never NaN.
+    # past float16's range makes the gradient non-finite, which is what GradScaler checks before
+    # it skips the step and lowers the scale (the loss itself is float16 now, as in PML, so the
+    # overflow can show as NaN as well as inf).
     loss, grad = _float16_grad(loss_cls())
     assert torch.isfinite(grad).all() and grad.float().abs().max() < 1.0
     _, scaled = _float16_grad(loss_cls(), scale=2.0**24)
-    assert torch.isinf(scaled).any() and not torch.isnan(scaled).any()
+    assert not torch.isfinite(scaled).all()

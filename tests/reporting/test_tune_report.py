@@ -102,3 +102,73 @@ def test_trials_or_jobs_below_one_exit_2(tmp_path, capsys):
         assert main(["tune", path, "--out", str(tmp_path / "t"), flag, "0"]) == 2
         assert f"{flag} must be an integer >= 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "t").exists()
+
+
+def run_config_epochs(run_dir) -> int:
+    return load_yaml(run_dir / "config.yaml")["trainer"]["MetricLossOnly"]["num_epochs"]
+
+
+def test_compare_tuned_trains_the_budget_it_was_tuned_at(tmp_path, capsys):
+    # The reproduction: tuned with --set trainer.num_epochs=N, compared without it.
+    cfg = glyph_config(epochs=2)
+    cfg["methods"].pop("PML Contrastive")
+    path = write(tmp_path / "c.yaml", cfg)
+    tune_out = str(tmp_path / "t")
+    one_epoch = ["--set", "trainer.num_epochs=1"]
+    assert main(["tune", path, "--out", tune_out, "--trials", "1"] + one_epoch) == 0
+    entry = json.loads((tmp_path / "t" / "tune.json").read_text())["methods"]["plugin FastAP"]
+    assert entry["config"]["trainer"]["MetricLossOnly"]["num_epochs"] == 1
+    assert entry["config_hash"].startswith("sha256:") and "data_root" in entry
+    capsys.readouterr()
+
+    compare = ["compare", path, "--tuned", tune_out, "--seeds", "1"]
+    assert main(compare + ["--out", str(tmp_path / "c0")]) == 0
+    assert run_config_epochs(tmp_path / "c0" / "plugin_FastAP" / "seed0") == 1  # not the file's 2
+    capsys.readouterr()
+
+    assert main(compare + ["--out", str(tmp_path / "c1"), "--set", "trainer.num_epochs=2"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.MetricLossOnly.num_epochs" in err and "tuned value 1" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "c1").exists()
+
+    assert main(compare + ["--out", str(tmp_path / "c2")] + one_epoch) == 0  # the tuning's own
+
+    allow = ["--out", str(tmp_path / "c3"), "--set", "trainer.num_epochs=2"]
+    assert main(compare + allow + ["--allow-budget-change"]) == 0
+    assert run_config_epochs(tmp_path / "c3" / "plugin_FastAP" / "seed0") == 2
+    summary = json.loads((tmp_path / "c3" / "summary.json").read_text())
+    change = summary["budget_changes"]["plugin FastAP"][0]
+    assert (change["key"], change["tuned"], change["used"]) == (
+        "trainer.MetricLossOnly.num_epochs",
+        1,
+        2,
+    )
+    assert summary["tuned_config_hash"] == {"plugin FastAP": entry["config_hash"]}
+
+    # continuing the study at another budget is refused, naming the key
+    assert main(["tune", path, "--out", tune_out, "--trials", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "tuned with another config" in err and "trainer.MetricLossOnly.num_epochs" in err
+
+
+def test_allow_budget_change_without_tuned_exits_2(tmp_path, capsys):
+    path = write(tmp_path / "c.yaml", glyph_config())
+    assert main(["compare", path, "--allow-budget-change", "--out", str(tmp_path / "c")]) == 2
+    assert "only with --tuned" in capsys.readouterr().err
+
+
+def test_compare_tuned_with_an_old_tune_json_exits_2_with_the_fix(tmp_path, capsys):
+    path = write(tmp_path / "c.yaml", glyph_config())
+    old = {"methods": {"plugin FastAP": {"best_params": {}, "seed": 0}}}
+    (tmp_path / "tune.json").write_text(json.dumps(old))
+    assert main(["compare", path, "--tuned", str(tmp_path), "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "no recorded config" in err and "tune again" in err
+
+
+def test_in_memory_storage_is_refused_before_any_trial(tmp_path, capsys):
+    path = write(tmp_path / "c.yaml", glyph_config())
+    args = ["tune", path, "--out", str(tmp_path / "t"), "--storage", "sqlite:///:memory:"]
+    assert main(args) == 2
+    assert "in-memory SQLite" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()

@@ -7,7 +7,7 @@ root), and stops it afterwards. It is skipped, with the reason, where the binari
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import shutil
 import signal
@@ -25,6 +25,7 @@ from optuna.trial import TrialState
 
 from pml_rank_plugins.reporting.tune_report import run_tune
 from pml_rank_plugins.running import tune as tuning
+from pml_rank_plugins.running.parent import pid_alive
 from tests.running.test_tune import glyph_config
 
 PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
@@ -161,3 +162,35 @@ def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
     ]
     assert not (out / "PML_Contrastive" / "trial0" / "metrics.json").exists()
     assert (out / "PML_Contrastive" / "trial1" / "checkpoints" / "latest.pt").exists()
+
+
+def test_kill_9_of_tune_leaves_no_worker_behind(tmp_path):
+    # Audit 3 item 2: the spawned worker trained on, orphaned, after its parent was killed.
+    out = tmp_path / "t"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_TUNE, str(out)],
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 120
+        while not (out / "PML_Contrastive" / "trial0" / "checkpoints" / "latest.pt").exists():
+            assert time.time() < deadline, "the first trial never wrote a checkpoint"
+            assert proc.poll() is None, "the tune process ended early"
+            time.sleep(0.2)
+        storage = tuning.default_storage(out)
+        (trial,) = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
+        worker = trial.user_attrs["pid"]
+        assert worker != proc.pid and pid_alive(worker)
+        assert trial.user_attrs["run_dir"] == str((out / "PML_Contrastive" / "trial0").resolve())
+        proc.kill()  # the parent only, not its process group
+        proc.wait()
+        deadline = time.time() + 5
+        while pid_alive(worker) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(worker), "the tune worker outlived its parent by 5 s"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

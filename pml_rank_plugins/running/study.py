@@ -1,0 +1,219 @@
+"""The studies of ``pml-rank tune``: one per method, in one Optuna storage.
+
+:class:`TuneJob` is one method's study (config, trial budget, storage, ``--out``).
+:func:`open_study` creates or loads it (a loaded study must maximize; storage errors are one
+:class:`~.run_folder.StorageError` line naming the URL without its password);
+:func:`bind_budget` records the trials' config (the budget), its hash and the objective in the
+study's attributes, or refuses to continue a study tuned with another config; :func:`ask_lock`
+serializes "count the trials, then ask one" across processes (a file lock in ``OUT``, opened
+without following symlinks) and machines (a PostgreSQL advisory lock); :func:`study_summary` is
+one method's entry of ``tune.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import os
+import warnings
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import optuna
+import sqlalchemy
+from optuna.trial import TrialState
+
+from ..experiment.schema import ConfigError
+from ..experiment.search_space import optuna_object, tune_section
+from ..experiment.tuned import budget_config, config_hash, differences
+from . import run_folder
+from .run_folder import StorageError
+
+ASK_LOCK = ".tune-ask.lock"
+
+
+@dataclass
+class TuneJob:
+    """One method's study: its config, the trial budget and where everything goes."""
+
+    method: str
+    config: dict
+    trials: int
+    storage: str
+    out_dir: Path
+    device: str | None = None
+
+    @property
+    def budget(self) -> tuple[dict, str | None]:
+        """``(recorded config, data_root)``: what the trials train (:func:`budget_config`)."""
+        return budget_config(self.config)
+
+
+def default_storage(out_dir: str | Path) -> str:
+    """``sqlite:///OUT/tune.db`` (absolute)."""
+    return f"sqlite:///{(Path(out_dir) / 'tune.db').resolve()}"
+
+
+def public_url(url: str) -> str:
+    """The storage URL with its password removed (for ``tune.json`` and the console)."""
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except sqlalchemy.exc.ArgumentError:
+        return url
+
+
+def refuse_in_memory(url: str) -> None:
+    """In-memory SQLite (``sqlite://``, ``sqlite:///:memory:``) is private to one process: the
+    workers' trials would be lost, so it is a config error."""
+    if url.startswith("sqlite") and (url.rstrip("/") == "sqlite:" or ":memory:" in url):
+        raise ConfigError(
+            f"--storage {url}: in-memory SQLite is private to one process, so the workers' "
+            "trials would be lost; give a file (sqlite:///OUT/tune.db) or a server URL"
+        )
+
+
+def make_storage(url: str) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage; SQLite waits for its lock instead of failing at once."""
+    refuse_in_memory(url)
+    kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    except (sqlalchemy.exc.ArgumentError, ImportError, ModuleNotFoundError) as e:
+        raise ConfigError(f"--storage {public_url(url)}: {type(e).__name__}: {e}") from e
+
+
+def open_study(job: TuneJob, worker: int = 0) -> optuna.Study:
+    """Create or load the method's study in ``job.storage``. Worker ``k`` of ``--jobs`` adds
+    ``k`` to the sampler's ``seed`` (equal seeds would make every worker draw the same values).
+
+    A loaded study must maximize; storage errors (corrupt, locked or unreachable database) are
+    :class:`StorageError` naming the URL."""
+    section = tune_section(job.config)
+    sampler = copy.deepcopy(section["sampler"])
+    if worker and isinstance(sampler, dict):
+        name, kwargs = next(iter(sampler.items()))
+        if isinstance(kwargs, dict) and isinstance(kwargs.get("seed"), int):
+            sampler = {name: {**kwargs, "seed": kwargs["seed"] + worker}}
+    sampler_obj = optuna_object(sampler, optuna.samplers, "tune.sampler")
+    pruner = optuna_object(section["pruner"], optuna.pruners, "tune.pruner")
+    try:
+        study = optuna.create_study(
+            storage=make_storage(job.storage),
+            study_name=job.method,
+            direction="maximize",
+            load_if_exists=True,
+            sampler=sampler_obj,
+            pruner=pruner or optuna.pruners.NopPruner(),
+        )
+    except ConfigError:
+        raise
+    except (sqlalchemy.exc.SQLAlchemyError, ValueError, RuntimeError) as e:
+        raise StorageError(f"--storage {public_url(job.storage)}: {type(e).__name__}: {e}") from e
+    if study.direction != optuna.study.StudyDirection.MAXIMIZE:
+        raise StorageError(
+            f"--storage {public_url(job.storage)}: study {job.method!r} is set to "
+            f"{study.direction.name.lower()}, but the objective is maximized; use a new --out"
+        )
+    return study
+
+
+def bind_budget(study: optuna.Study, job: TuneJob) -> str:
+    """Record the trials' config, its hash and the objective in the study's attributes (first
+    time), or check that a continued study was tuned with the same config. Returns the hash.
+
+    Raises :class:`ConfigError` naming the keys that differ: trials of one study must share one
+    budget, or its best setting is tuned for no budget in particular."""
+    config, root = job.budget
+    digest = config_hash(config)
+    attrs = study.user_attrs
+    if "config_hash" not in attrs:
+        if study.get_trials(deepcopy=False):
+            raise ConfigError(
+                f"[{job.method}] the study in {public_url(job.storage)} has trials but no "
+                "recorded config (made before budgets were recorded); tune into a new --out"
+            )
+        primary = (job.config.get("eval") or {}).get("primary_metric", DEFAULT_PRIMARY)
+        study.set_user_attr("config", config)
+        study.set_user_attr("config_hash", digest)
+        study.set_user_attr("data_root", root)
+        study.set_user_attr("objective", f"validation {primary} at the best epoch")
+        with warnings.catch_warnings():  # experimental in Optuna; names the dashboard's axis
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([f"validation {primary}"])
+    elif attrs["config_hash"] != digest:
+        keys = list(differences(attrs.get("config") or {}, config))
+        raise ConfigError(
+            f"[{job.method}] the study in {public_url(job.storage)} was tuned with another "
+            f"config (differs at {', '.join(keys[:5]) or 'its hash'}); continue it with the "
+            "same config and --set, or tune into a new --out"
+        )
+    return digest
+
+
+DEFAULT_PRIMARY = "mean_average_precision_at_r"
+
+
+_ENGINES: dict[str, sqlalchemy.engine.Engine] = {}
+
+
+def _lock_engine(url: str) -> sqlalchemy.engine.Engine:
+    """One engine per storage URL and process, for the advisory lock's connection."""
+    if url not in _ENGINES:
+        _ENGINES[url] = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    return _ENGINES[url]
+
+
+@contextlib.contextmanager
+def ask_lock(job: TuneJob) -> Iterator[None]:
+    """Serialize "count the trials, then ask one" (and opening the storage) across processes
+    (file lock in ``OUT``) and, with PostgreSQL, across machines (advisory lock keyed by the
+    study name)."""
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    fd = run_folder.open_lock_file(job.out_dir / ASK_LOCK)  # never through a symlink
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if job.storage.startswith("postgresql"):
+            key = zlib.crc32(job.method.encode())
+            try:
+                conn = _lock_engine(job.storage).connect()
+            except sqlalchemy.exc.SQLAlchemyError as e:
+                raise StorageError(
+                    f"--storage {public_url(job.storage)}: {type(e).__name__}: {e}"
+                ) from e
+            with conn:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+                try:
+                    yield
+                finally:
+                    conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+        else:
+            yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def study_summary(study: optuna.Study, wall_seconds: float, config: Mapping) -> dict:
+    """One method's entry of ``tune.json``: ``best_params`` (key path -> value), ``best_value``,
+    ``best_trial``, ``n_trials`` (every trial: complete + pruned + failed + running),
+    ``states`` (count per state), ``wall_seconds`` (this call), ``seed`` (every trial's),
+    ``direction`` (always ``maximize``); :func:`tune` adds ``config``, ``config_hash`` and
+    ``data_root``."""
+    trials = study.get_trials(deepcopy=False)
+    states: dict[str, int] = {}
+    for t in trials:
+        states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    best = max(complete, key=lambda t: t.value) if complete else None
+    return {
+        "best_params": dict(best.params) if best else None,
+        "best_value": best.value if best else None,
+        "best_trial": best.number if best else None,
+        "n_trials": len(trials),
+        "states": states,
+        "wall_seconds": wall_seconds,
+        "seed": int(config.get("seed", 0)),
+        "direction": study.direction.name.lower(),
+    }

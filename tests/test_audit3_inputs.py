@@ -1,0 +1,153 @@
+"""Third audit, items 8-12: bad configs, stores and values end in one line naming the file, key
+or URL (exit 2 for a config mistake, 1 for a run or storage failure), never a traceback."""
+
+from __future__ import annotations
+
+import copy
+import sqlite3
+
+import pytest
+import yaml
+
+from pml_rank_plugins.cli import main
+from tests.running.test_tune import glyph_config
+
+
+def write(tmp_path, cfg, name="c.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def one_method(**edits) -> dict:
+    cfg = glyph_config()
+    cfg["methods"].pop("PML Contrastive")
+    for key, value in edits.items():
+        cfg[key] = value
+    return cfg
+
+
+def one_line(capsys, *words) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "assignment, key",
+    [
+        ("optimizers=5", "optimizers"),
+        ("split=5", "split"),
+        ("transforms=[1]", "transforms"),
+        ("tune=3", "tune"),
+        ("eval=[]", "eval"),
+        ("methods=5", "methods"),
+        ("trainer=x", "trainer"),
+        ("optimizers.trunk_optimizer=5", "optimizers.trunk_optimizer"),
+    ],
+)
+def test_config_sections_that_are_not_mappings_exit_2_naming_the_key(
+    tmp_path, capsys, assignment, key
+):
+    path = write(tmp_path, one_method())
+    assert main(["check", path, "--set", assignment]) == 2
+    one_line(capsys, key)
+
+
+def test_a_methods_tune_that_is_not_a_mapping_exits_2(tmp_path, capsys):
+    cfg = one_method()
+    cfg["methods"]["plugin FastAP"]["tune"] = 5
+    assert main(["check", write(tmp_path, cfg)]) == 2
+    one_line(capsys, "methods.plugin FastAP.tune")
+
+
+def test_a_space_bound_of_10_to_the_400_exits_2(tmp_path, capsys):
+    cfg = one_method()
+    cfg["tune"]["space"] = {"optimizers.trunk_optimizer.lr": {"float": [1e-4, 10**400]}}
+    assert main(["check", write(tmp_path, cfg)]) == 2
+    one_line(capsys, "optimizers.trunk_optimizer.lr")
+
+
+def test_adam_betas_of_one_value_exit_2_naming_the_optimizer(tmp_path, capsys):
+    cfg = one_method()
+    cfg["optimizers"]["trunk_optimizer"]["Adam"]["betas"] = [0.9]
+    assert main(["check", write(tmp_path, cfg)]) == 2
+    one_line(capsys, "optimizers.trunk_optimizer")
+
+
+def test_yaml_true_for_a_number_is_refused(tmp_path, capsys):
+    cfg = one_method()
+    cfg["models"]["trunk"]["ConvEmbedder"]["in_channels"] = True
+    assert main(["check", write(tmp_path, cfg)]) == 2
+    one_line(capsys, "in_channels", "boolean")
+
+
+def test_config_device_is_checked_up_front(tmp_path, capsys):
+    path = write(tmp_path, one_method(device="cuda:7"))
+    for command in (["check", path], ["train", path, "--out", str(tmp_path / "r")]):
+        assert main(command) == 2
+        one_line(capsys, "device cuda:7", "not available here")
+    assert not (tmp_path / "r").exists()
+    # --device wins over the config's device
+    assert main(["check", path, "--device", "cpu"]) == 0
+
+
+@pytest.mark.parametrize("kind", ["text", "random", "truncated", "directory", "zero_header"])
+def test_a_corrupt_tune_db_is_one_line_naming_the_storage(tmp_path, capsys, kind):
+    out = tmp_path / "t"
+    out.mkdir()
+    db = out / "tune.db"
+    if kind == "text":
+        db.write_text("not a database\n")
+    elif kind == "random":
+        db.write_bytes(bytes(range(256)) * 64)
+    elif kind == "directory":
+        db.mkdir()
+    else:
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE t (x)")
+        con.commit()
+        con.close()
+        data = bytearray(db.read_bytes())
+        if kind == "truncated":
+            data = data[:100]
+        else:
+            data[:16] = bytes(16)
+        db.write_bytes(bytes(data))
+    path = write(tmp_path, one_method())
+    rc = main(["tune", path, "--out", str(out), "--trials", "1"])
+    err = one_line(capsys, "tune.db")
+    assert rc == 1, err
+    assert not (out / "plugin_FastAP").exists()
+
+
+def test_a_storage_url_that_cannot_connect_is_one_line(tmp_path, capsys):
+    path = write(tmp_path, one_method())
+    url = "postgresql+psycopg://u:secret@127.0.0.1:9/none"
+    rc = main(["tune", path, "--out", str(tmp_path / "t"), "--storage", url])
+    err = one_line(capsys, "127.0.0.1")
+    assert rc in (1, 2) and "secret" not in err
+
+
+def test_a_flipped_study_direction_is_refused(tmp_path, capsys):
+    import optuna
+
+    out = tmp_path / "t"
+    out.mkdir()
+    storage = f"sqlite:///{out / 'tune.db'}"
+    optuna.create_study(storage=storage, study_name="plugin FastAP", direction="minimize")
+    path = write(tmp_path, one_method())
+    assert main(["tune", path, "--out", str(out), "--trials", "1"]) == 1
+    one_line(capsys, "minimize")
+
+
+def test_every_failed_trial_makes_tune_exit_1(tmp_path, capsys):
+    cfg = copy.deepcopy(one_method())
+    cfg["trainer"]["MetricLossOnly"]["num_epochs"] = 1
+    cfg["eval"]["validation"] = []  # no validation value: every trial fails
+    path = write(tmp_path, cfg)
+    assert main(["tune", path, "--out", str(tmp_path / "t"), "--trials", "1"]) == 1
+    assert "no complete trial" in capsys.readouterr().err
