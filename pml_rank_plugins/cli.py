@@ -2,8 +2,9 @@
 
 pml-rank train CONFIG [--out RUN_DIR] [--method NAME] [--set key=value ...] [--resume|--overwrite]
 pml-rank eval RUN_DIR [--which best|latest]
+pml-rank embed RUN_DIR --split NAME --out FILE.npz|FILE.npy [--which best|latest]
 pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--reference NAME] [--jobs K]
-    [--resume|--overwrite]
+    [--resume|--overwrite] [--no-pictures]
 pml-rank sweep CONFIG --method NAME --grid KEY=V1,V2 [--grid ...] [--seeds N] [--out DIR]
     [--resume|--overwrite]
 pml-rank check CONFIG... [--data-root DIR] [--set key=value ...]   # build everything, no training
@@ -218,6 +219,8 @@ def _run(args) -> int:
         data_root = _data_root(args, env=False)  # the saved config's data_root unless given
         out = evaluate(args.run_dir, args.which, args.device, data_root=data_root)
         print(json.dumps(out, indent=2))
+    elif args.command == "embed":
+        return _embed(args)
     elif args.command == "compare":
         if args.allow_budget_change and not args.tuned:
             raise _BadArgument("--allow-budget-change applies only with --tuned DIR")
@@ -236,6 +239,7 @@ def _run(args) -> int:
             data_root=data_root,
             tuned=args.tuned,
             allow_budget_change=args.allow_budget_change,
+            pictures=not args.no_pictures,
             **_pick(args, RUN_OPTIONS),
         )
         if is_main_process():  # torchrun: one report, from rank 0
@@ -288,6 +292,43 @@ def _run(args) -> int:
         for line in lines:
             print(line)
     return 0
+
+
+def _embed(args) -> int:
+    """``pml-rank embed``: a bad --out, a folder that is no finished run or a split the config
+    lacks is exit 2 naming it, checked before anything is written."""
+    from .running import (
+        RunFolderError,
+        embed,
+        embeddings_files,
+        load_run,
+        refuse_under_torchrun,
+        save_embeddings,
+    )
+
+    refuse_under_torchrun("embed")
+    _argument(embeddings_files, args.out)  # before the model is built: fails in a second
+    data_root = _data_root(args, env=False)  # the saved config's data_root unless given
+    run = (args.run_dir, args.which, args.device, data_root)
+    loaded = _argument(load_run, *run, errors=(RunFolderError,))
+    if args.split not in loaded.datasets:
+        have = ", ".join(loaded.datasets)
+        raise _BadArgument(
+            f"--split {args.split}: not in {args.run_dir}'s config; available: {have}"
+        )
+    embeddings, labels = embed(loaded, args.split)
+    meta = {"split": args.split, "run_dir": str(args.run_dir), "checkpoint": str(loaded.checkpoint)}
+    files = _argument(save_embeddings, args.out, embeddings, labels, **meta)
+    print(json.dumps({"files": [str(f) for f in files], "shape": list(embeddings.shape), **meta}))
+    return 0
+
+
+def _argument(fn, *args, errors=(ValueError, OSError), **kwargs):
+    """``fn(*args, **kwargs)``, its ``errors`` (a bad path or run folder) as exit status 2."""
+    try:
+        return fn(*args, **kwargs)
+    except errors as e:
+        raise _BadArgument(str(e)) from e
 
 
 def _list(substring: str) -> int:

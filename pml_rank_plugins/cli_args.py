@@ -20,6 +20,7 @@ EPILOG = """examples:
   pml-rank train default --method "plugin FastAP" --out runs/fastap --resume \\
       --set trainer.num_epochs=12                         # extend a finished run
   pml-rank eval runs/fastap --which latest
+  pml-rank embed runs/fastap --split test --out test.npz
   pml-rank list FastAP
 """
 
@@ -133,6 +134,31 @@ def build_parser() -> argparse.ArgumentParser:
     add_device(e)
     add_data_root(e)
 
+    em = sub.add_parser(
+        "embed",
+        help="embed a split with a trained run's model into .npz/.npy, e.g. "
+        "pml-rank embed runs/fastap --split test --out test.npz",
+    )
+    em.add_argument("run_dir", help="the --out of a train run, e.g. runs/fastap")
+    em.add_argument(
+        "--split", required=True, metavar="NAME", help="a split of the run's config, e.g. test"
+    )
+    em.add_argument(
+        "--out",
+        required=True,
+        metavar="FILE",
+        help="FILE.npz (embeddings, labels, split, run_dir, checkpoint) or FILE.npy (and "
+        "FILE_labels.npy), e.g. --out test.npz",
+    )
+    em.add_argument(
+        "--which",
+        default="best",
+        choices=["best", "latest"],
+        help="checkpoint to load, e.g. --which latest (default best)",
+    )
+    add_device(em)
+    add_data_root(em)
+
     def add_stats(sp, what):
         sp.add_argument(
             "--reference",
@@ -180,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --tuned: let --set change the tuned budget (e.g. trainer.num_epochs); the "
         "change is recorded in summary.json",
+    )
+    c.add_argument(
+        "--no-pictures",
+        action="store_true",
+        help="draw no retrieval pictures (existing ones are kept)",
     )
 
     tu = sub.add_parser(

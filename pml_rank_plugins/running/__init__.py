@@ -4,8 +4,9 @@
 ``mlrc``), ``training`` is the epoch loop of one run, ``evaluate`` scores a run, ``checkpoints``
 saves and loads run state, ``resume`` says what may change on ``--resume``, ``run_folder`` holds
 the folder's lock and overwrite rules, ``nonfinite`` stops a run at the first NaN/inf,
-``distributed`` is the torchrun glue and ``pool`` runs many jobs (``--jobs K``) with failure
-isolation.
+``distributed`` is the torchrun glue, ``pool`` runs many jobs (``--jobs K``) with failure
+isolation and ``load`` hands a trained run's models to the user (``load_run``, ``embed``,
+``pml-rank embed``).
 
 Import direction: imports :mod:`pml_rank_plugins.experiment`; imported by
 :mod:`pml_rank_plugins.reporting`.
@@ -20,6 +21,7 @@ from .distributed import (
     shutdown,
 )
 from .evaluate import evaluate_run, read_run_config
+from .load import LoadedRun, embed, embeddings_files, load_run, save_embeddings
 from .mlrc import evaluate_mlrc, train_mlrc
 from .nonfinite import NonFiniteCheck, NonFiniteError
 from .pool import FAILED_FILE, Job, execute, is_failed, make_jobs, repeated_logs_once, run_job
@@ -32,6 +34,7 @@ __all__ = [
     "CheckpointError",
     "DiskFullError",
     "Job",
+    "LoadedRun",
     "NonFiniteCheck",
     "NonFiniteError",
     "RunFolderBusy",
@@ -40,6 +43,8 @@ __all__ = [
     "atomic_torch_save",
     "barrier",
     "choose_checkpoint",
+    "embed",
+    "embeddings_files",
     "evaluate",
     "evaluate_mlrc",
     "evaluate_run",
@@ -47,12 +52,14 @@ __all__ = [
     "is_failed",
     "is_main_process",
     "load_checkpoint",
+    "load_run",
     "make_jobs",
     "named_timeouts",
     "read_run_config",
     "refuse_under_torchrun",
     "repeated_logs_once",
     "run_job",
+    "save_embeddings",
     "shutdown",
     "train",
     "train_mlrc",
