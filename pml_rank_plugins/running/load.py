@@ -152,8 +152,8 @@ def embed(
         loaded: what :func:`load_run` returned.
         dataset: a dataset yielding ``(image, label)``, or the name of one of the run's splits
             (``loaded.datasets[name]``, evaluation transforms).
-        batch_size: images per forward pass (BatchNorm is in eval mode: results do not depend
-            on it).
+        batch_size: images per forward pass (BatchNorm is in eval mode: it changes nothing but
+            the float rounding).
 
     Returns:
         ``(embeddings, labels)``: float32 ``(N, D)`` (rows of norm 1 under the default tester)

@@ -1,0 +1,105 @@
+"""``pml-rank embed`` (issue 29, item 3) on a tiny run trained here, its bad inputs (exit 2 naming
+the path or key, nothing written), and ``compare --no-pictures`` (item 4)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pml_rank_plugins.cli import main
+from pml_rank_plugins.cli_args import build_parser
+from pml_rank_plugins.experiment.schema import dump_yaml
+from pml_rank_plugins.running import embed, load_run, train
+from tests.tiny import tiny_config
+
+TINY = {"trainer": {"MetricLossOnly": {"num_epochs": 1, "iterations_per_epoch": 2}}}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("embed") / "run"
+    train(tiny_config(**TINY), out)
+    return out
+
+
+def test_embed_writes_npz_with_metadata(run_dir, tmp_path, capsys):
+    out = tmp_path / "test.npz"
+    assert main(["embed", str(run_dir), "--split", "test", "--out", str(out)]) == 0
+    want, want_labels = embed(load_run(run_dir), "test")
+    with np.load(out, allow_pickle=False) as data:
+        assert sorted(data.files) == ["checkpoint", "embeddings", "labels", "run_dir", "split"]
+        np.testing.assert_array_equal(data["embeddings"], want)
+        np.testing.assert_array_equal(data["labels"], want_labels)
+        assert data["embeddings"].dtype == np.float32 and data["embeddings"].shape == (18, 16)
+        assert str(data["split"]) == "test" and str(data["run_dir"]) == str(run_dir)
+        assert str(data["checkpoint"]) == str(run_dir / "checkpoints" / "best.pt")
+    report = json.loads(capsys.readouterr().out)
+    assert report["files"] == [str(out)] and report["shape"] == [18, 16]
+    assert [p.name for p in tmp_path.iterdir()] == ["test.npz"]  # no temporary file left
+
+
+def test_embed_writes_an_npy_pair_from_the_latest_checkpoint(run_dir, tmp_path, capsys):
+    out = tmp_path / "val.npy"
+    argv = ["embed", str(run_dir), "--split", "val", "--out", str(out), "--which", "latest"]
+    assert main(argv + ["--device", "cpu"]) == 0
+    want, want_labels = embed(load_run(run_dir, which="latest"), "val")
+    np.testing.assert_array_equal(np.load(out), want)
+    np.testing.assert_array_equal(np.load(tmp_path / "val_labels.npy"), want_labels)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["val.npy", "val_labels.npy"]
+    report = json.loads(capsys.readouterr().out)
+    assert report["checkpoint"] == str(run_dir / "checkpoints" / "latest.pt")
+
+
+def test_embed_bad_inputs_exit_2_naming_the_path_or_key_and_write_nothing(
+    run_dir, tmp_path, capsys
+):
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    dump_yaml(tiny_config(**TINY), unfinished / "config.yaml")  # no checkpoint yet
+    (tmp_path / "file").write_text("not a folder")
+    outs = tmp_path / "outs"
+    outs.mkdir()
+    out = str(outs / "e.npz")
+    cases = [
+        ([str(tmp_path / "empty"), "--split", "test", "--out", out], "empty/config.yaml not found"),
+        ([str(unfinished), "--split", "test", "--out", out], "latest.pt: no such checkpoint"),
+        ([str(run_dir), "--split", "query", "--out", out], "query: not in"),
+        ([str(run_dir), "--split", "query", "--out", out], "available: train, val, test"),
+        ([str(run_dir), "--split", "test", "--out", str(tmp_path / "no/e.npz")], "no: not an"),
+        ([str(run_dir), "--split", "test", "--out", str(tmp_path / "file/e.npz")], "file: not"),
+        ([str(run_dir), "--split", "test", "--out", str(outs / "e.txt")], "e.txt: the output"),
+        ([str(run_dir), "--split", "test", "--out", str(outs)], "must end in .npz or .npy"),
+    ]
+    (tmp_path / "empty").mkdir()
+    for argv, message in cases:
+        assert main(["embed", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("pml-rank: error: ") and message in err, (argv, err)
+    assert list(outs.iterdir()) == [] and list((tmp_path / "empty").iterdir()) == []
+    assert sorted(p.name for p in unfinished.iterdir()) == ["config.yaml"]
+
+
+def test_embed_needs_split_and_out():
+    for argv in (["embed", "runs/x", "--out", "e.npz"], ["embed", "runs/x", "--split", "test"]):
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args(argv)
+        assert e.value.code == 2
+
+
+def test_compare_no_pictures_draws_none_and_keeps_existing_ones(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    dump_yaml(tiny_config(**TINY), config)
+    out = tmp_path / "cmp"
+    argv = ["compare", str(config), "--out", str(out), "--no-pictures"]
+    assert main(argv) == 0
+    assert (out / "comparison.md").is_file()
+    assert not list(out.rglob("retrieval*")) and not list(out.rglob("worst_queries*"))
+    assert "pictures" not in json.loads((out / "summary.json").read_text())
+    # a picture drawn by an earlier compare survives `--resume --no-pictures`
+    (method,) = [p for p in out.iterdir() if (p / "seed0").is_dir()]
+    (method / "retrieval.png").write_bytes(b"earlier picture")
+    assert main(argv + ["--resume"]) == 0
+    assert (method / "retrieval.png").read_bytes() == b"earlier picture"
+    assert build_parser().parse_args(["compare", "default"]).no_pictures is False
