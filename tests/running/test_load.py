@@ -185,3 +185,14 @@ def test_save_embeddings_refuses_bad_outputs_and_leaves_nothing(tmp_path, monkey
     with pytest.raises(OSError, match=r"e\.npy: cannot write: Input/output error"):
         save_embeddings(tmp_path / "e.npy", emb, labels)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder.npz"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_load_run_on_cuda_matches_the_cpu(run_dir):
+    loaded = load_run(run_dir, device="cuda")
+    assert loaded.device.type == "cuda"
+    assert all(p.device.type == "cuda" for p in loaded.trunk.parameters())
+    emb, labels = embed(loaded, "test")
+    cpu_emb, cpu_labels = embed(load_run(run_dir, device="cpu"), "test")
+    np.testing.assert_allclose(emb, cpu_emb, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(labels, cpu_labels)
