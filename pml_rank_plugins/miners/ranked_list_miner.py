@@ -73,7 +73,12 @@ class RankedListMiner(BaseMiner):
     ``i`` itself (same label), left out of its list before mining -- the pairs PML's
     ``remove_self_comparisons`` would remove afterwards, while ``.weights`` stay aligned (a
     query's own column is a positive, never a weighted negative).
-    :class:`pml_rank_plugins.losses.CrossBatchMemory` passes the memory slots of the batch.
+    :class:`pml_rank_plugins.losses.CrossBatchMemory` passes the memory slots of the batch (and
+    takes its fast path, without a batch x memory pair tuple, only for a miner that accepts
+    ``self_index``). The copy is at distance 0 in exact arithmetic, a trivial positive, but the
+    computed distance is about 1e-4 (float32; more in half precision: the square root of
+    rounding errors near 0), so with a positive boundary ``alpha - margin`` below that the copy
+    would be mined as a non-trivial pair of the query with itself; ``self_index`` rules it out.
 
     Labels must be class ids: bool labels are a ``ValueError``, as in the losses.
     """

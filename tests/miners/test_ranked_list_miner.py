@@ -270,3 +270,68 @@ def test_chunked_mining_equals_dense_distance_path(chunk_size):
         assert all(torch.equal(a, b) for a, b in zip(ours, dense, strict=True))
         torch.testing.assert_close(ours.weights, dense.weights, rtol=1e-12, atol=1e-14)
         assert len(ours[0]) > 0 and len(ours[2]) > 0
+
+
+def test_nothing_mined_counts_anchors_without_any_pair():
+    # 3-d unit vectors (distances on the unit sphere; alpha = 1.2, alpha - margin = 0.8):
+    # q0, q1 (class 0) are close (their positive pair is trivial) and both 0.96 from q2: each
+    # has negatives only. q2, q3 (class 1) are opposite: a non-trivial positive; q3 has that
+    # positive only (1.76 from q0/q1 > alpha). q4, q5 (class 2) are close to each other and
+    # orthogonal to all the others (distance sqrt(2) > alpha): nothing mined.
+    def unit(*v):
+        v = torch.tensor(v, dtype=torch.float64)
+        return v / v.norm()
+
+    x = torch.stack(
+        [
+            unit(1.0, 0.0, 0.0),
+            unit(1.0, 0.01, 0.0),
+            unit(math.cos(1.0), math.sin(1.0), 0.0),
+            unit(-math.cos(1.0), -math.sin(1.0), 0.0),
+            unit(0.0, 0.0, 1.0),
+            unit(0.0, 0.01, 1.0),
+        ]
+    )
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    pos, neg, _ = loop_mining(x, labels)
+    anchors_pos, anchors_neg = {i for i, _ in pos}, {i for i, _ in neg}
+    # the construction holds: negatives only, a positive only, both, and nothing
+    assert anchors_neg - anchors_pos == {0, 1} and anchors_pos - anchors_neg == {3}
+    assert anchors_pos & anchors_neg == {2}
+    miner = RankedListMiner(collect_stats=True)
+    out = miner(x, labels)
+    assert sorted(pairs_of(out[0], out[1])) == sorted(pos)
+    assert sorted(pairs_of(out[2], out[3])) == sorted(neg)
+    assert miner.num_anchors_nothing_mined == 2  # q4 and q5
+    miner(x, labels, x.clone(), labels.clone(), self_index=torch.arange(6))
+    assert miner.num_anchors_nothing_mined == 2  # the memory-bank form counts the same
+
+
+@pytest.mark.parametrize("precision", [torch.float32, torch.float16, torch.bfloat16])
+def test_self_index_leaves_out_copies_that_rounding_puts_beyond_a_small_positive_boundary(
+    precision,
+):
+    # A query and its own copy in ref_emb (a memory bank's slot) are at distance 0 exactly, but
+    # the distance computed in floating point is not: about 1e-4 (the square root of rounding
+    # errors near 0). With a positive boundary alpha - margin below that, the copy would be
+    # mined as a non-trivial positive pair of the query with itself; self_index leaves it out,
+    # as PML's remove_self_comparisons would afterwards.
+    x, labels = make_embeddings_and_labels(64, 32, 8, precision, seed=30, requires_grad=False)
+    others, other_labels = make_embeddings_and_labels(16, 32, 8, precision, 31, requires_grad=False)
+    memory, memory_labels = torch.cat([others, x]), torch.cat([other_labels, labels])
+    slots = torch.arange(16, 80, device=x.device)
+    miner = RankedListMiner(margin=0.4, alpha=0.4 + 1e-5)
+    plain = miner(x, labels, memory, memory_labels)
+    self_pairs = plain[1] == slots[plain[0]]
+    assert self_pairs.any()  # rounding did put copies beyond the boundary
+    got = miner(x, labels, memory, memory_labels, self_index=slots)
+    assert not (got[1] == slots[got[0]]).any()
+    want = lmu.remove_self_comparisons(plain, slots, len(memory))
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    torch.testing.assert_close(got.weights, plain.weights, rtol=0, atol=0)
+    # with the paper's boundary (0.8) the copies are trivial positives: self_index changes nothing
+    paper = RankedListMiner(margin=0.4, alpha=1.2)
+    with_index = paper(x, labels, memory, memory_labels, self_index=slots)
+    without = paper(x, labels, memory, memory_labels)
+    assert all(torch.equal(a, b) for a, b in zip(with_index, without, strict=True))

@@ -93,6 +93,14 @@ def test_mlrc_trains_four_fold_models_and_reports_both(tmp_path):
     for m in ("precision_at_1", "mean_average_precision_at_r"):
         expected = np.mean([f["test"]["test"][m] for f in folds])
         assert saved["test"]["separated"][m] == pytest.approx(expected)
+    # the protocol's validation history: per epoch, the mean over the folds that ran it
+    assert [r["epoch"] for r in saved["history"]] == sorted(
+        {r["epoch"] for f in folds for r in f["history"]}
+    )
+    for row in saved["history"]:
+        runs = [r for f in folds for r in f["history"] if r["epoch"] == row["epoch"]]
+        expected = np.mean([r["validation"]["val"]["precision_at_1"] for r in runs])
+        assert row["validation"]["val"]["precision_at_1"] == pytest.approx(expected)
     # concatenated: embed the test half with each fold's best weights, L2-normalize each model's
     # 6-d output, concatenate to 24-d, score leave-one-out P@1 with a plain loop
     test_set = builder.build_splits(mlrc_fold_config(cfg, 0), 0)["test"]
@@ -322,3 +330,24 @@ def test_R1_two_concurrent_mlrc_trains_one_is_refused(tmp_path, monkeypatch):
         second[0]
     )
     assert (run / "fold0" / "checkpoints" / "latest.pt").is_file()
+
+
+def test_protocol_history_is_the_mean_over_folds_of_each_epoch():
+    # Three folds; fold 2 stopped early after epoch 1 (its epoch 2 is absent, not zero).
+    def row(epoch, val):
+        return {"epoch": epoch, "validation": {"val": {"p": val, "q": 1 - val}}}
+
+    histories = [
+        [row(1, 0.2), row(2, 0.5)],
+        [row(1, 0.4), row(2, 0.7)],
+        [row(1, 0.9)],
+    ]
+    got = mlrc._mean_history(histories)
+    assert [r["epoch"] for r in got] == [1, 2]
+    assert got[0]["validation"]["val"]["p"] == pytest.approx((0.2 + 0.4 + 0.9) / 3)
+    assert got[0]["validation"]["val"]["q"] == pytest.approx((0.8 + 0.6 + 0.1) / 3)
+    assert got[1]["validation"]["val"]["p"] == pytest.approx((0.5 + 0.7) / 2)
+    # an epoch without validation (test_interval) contributes nothing
+    assert mlrc._mean_history([[{"epoch": 1, "train_loss": 0.3}], [row(1, 0.6)]]) == [
+        {"epoch": 1, "validation": {"val": {"p": 0.6, "q": pytest.approx(0.4)}}}
+    ]

@@ -3,6 +3,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from pml_rank_plugins.samplers.class_pools import ClassPools, PoolCursor, fill_part
 
@@ -79,3 +80,36 @@ def test_pool_problem_messages():
 def test_bad_samples_per_class(bad):
     with pytest.raises(ValueError, match="samples_per_class"):
         ClassPools(labels_from_sizes([2, 2]), bad)
+
+
+def test_subsampled_class_items_are_drawn_uniformly_not_the_first_ones():
+    # 10-item class, 2 items per part: every item must be drawn, each about equally often
+    # (taking the first t items of a class would show items 0 and 1 only).
+    labels = labels_from_sizes([10])
+    pools = ClassPools(labels, samples_per_class=2)
+    gen = torch.Generator().manual_seed(0)
+    cursor = PoolCursor(pools.pool(), gen)
+    draws = 2000
+    counts = np.zeros(10, dtype=np.int64)
+    for _ in range(draws):
+        part = fill_part(pools, cursor, 2, gen)
+        assert len(set(part.tolist())) == 2
+        counts[part] += 1
+    assert (counts > 0).all(), counts
+    # Chi-square goodness of fit against "each item in 2 of 10 places": 9 degrees of freedom.
+    expected = 2 * draws / 10
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < stats.chi2.ppf(0.999, df=9), (chi2, counts)
+
+
+def test_epochs_of_a_capped_sampler_see_every_item():
+    # The case: samples_per_class=2 on 10-item classes; 20 parts of 2 items per class
+    # must reach (nearly) all items, not the same 2 of each class.
+    labels = labels_from_sizes([10] * 8)
+    pools = ClassPools(labels, samples_per_class=2)
+    gen = torch.Generator().manual_seed(1)
+    cursor = PoolCursor(pools.pool(), gen)
+    seen = set()
+    for _ in range(20 * 8):  # each class about 20 times
+        seen.update(fill_part(pools, cursor, 2, gen).tolist())
+    assert len(seen) >= 0.9 * len(labels), len(seen)

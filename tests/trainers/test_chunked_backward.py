@@ -90,6 +90,39 @@ def test_dropout_replays_the_same_masks():
     assert torch.equal(torch.get_rng_state(), rng_after_reference)  # RNG advanced once per step
 
 
+class DrawingLoss(FastAPLoss):
+    """FastAP that also draws from the global RNG (as a loss with random sampling would)."""
+
+    def forward(self, embeddings, labels=None, indices_tuple=None, *args, **kwargs):
+        torch.rand(3)
+        return super().forward(embeddings, labels, indices_tuple, *args, **kwargs)
+
+
+def test_a_loss_that_draws_random_numbers_leaves_the_rng_as_a_plain_step():
+    # The loss draws from the global RNG after the embedding pass: the chunked step must end
+    # with the RNG where a plain step leaves it (after the loss's draws), not where the replay
+    # of the last chunk leaves it.
+    x, y = data()
+    model = mlp(torch.nn.Dropout(0.5))
+    noisy_loss = DrawingLoss()
+    torch.manual_seed(7)
+    _, want = reference_grads(model, noisy_loss, None, x, y, chunk=6)
+    rng_after_reference = torch.get_rng_state()
+    model.zero_grad()
+    torch.manual_seed(7)
+    chunked_backward(model, x, y, noisy_loss, 6, check_replay=True)
+    for p, w in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, w, rtol=0, atol=1e-10)
+    assert torch.equal(torch.get_rng_state(), rng_after_reference)
+    # and the next draw is the one a plain step's caller would get
+    torch.manual_seed(7)
+    reference_grads(model, noisy_loss, None, x, y, chunk=6)
+    after_plain = torch.rand(4)
+    torch.manual_seed(7)
+    chunked_backward(model, x, y, noisy_loss, 6)
+    assert torch.equal(torch.rand(4), after_plain)
+
+
 def test_batchnorm_uses_chunk_statistics_and_updates_running_stats_once():
     x, y = data()
     model = mlp(torch.nn.BatchNorm1d(16))

@@ -1,0 +1,36 @@
+"""The run's seed reaches the sampler: runs of a comparison that differ only in their seed see
+different batches (a sampler built with a fixed seed would give every seed the same batches)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pml_rank_plugins.experiment import builder
+from tests.tiny import tiny_config
+
+SAMPLERS = {
+    "RandomClassSampler": {"RandomClassSampler": {"samples_per_class": 2}},
+    "CategoryHardSampler": {"CategoryHardSampler": {}},
+}
+
+
+def epoch_batches(seed: int, sampler: dict) -> tuple[np.ndarray, list[list[int]]]:
+    cfg = tiny_config(seed=seed)
+    cfg["sampler"] = sampler
+    exp = builder.build_experiment(cfg)
+    exp.sampler.set_epoch(1)
+    return np.asarray(exp.datasets["train"].labels), [list(b) for b in exp.sampler]
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_seeds_of_a_comparison_get_different_batches(name):
+    labels0, seed0 = epoch_batches(0, SAMPLERS[name])
+    labels1, seed1 = epoch_batches(1, SAMPLERS[name])
+    # The split has its own seed (split.class_disjoint_split.seed): the same training items, so
+    # the batches can differ only through the sampler's seed.
+    assert np.array_equal(labels0, labels1)
+    assert len(seed0) == len(seed1) > 1
+    assert seed0 != seed1
+    # ... and the same seed gives the same batches (the difference is the seed, not chance).
+    assert epoch_batches(1, SAMPLERS[name])[1] == seed1
