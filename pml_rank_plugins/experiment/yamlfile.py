@@ -38,6 +38,28 @@ class ConfigLoader(yaml.SafeLoader):
     def _refuse(self, mark, what: str) -> ConfigError:
         return ConfigError(f"{self.name}: line {mark.line + 1}, column {mark.column + 1}: {what}")
 
+    def construct_mapping(self, node, deep=False):
+        """A key given twice in one mapping is refused (PyYAML keeps the last one silently)."""
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if (
+                    isinstance(key_node, yaml.ScalarNode)
+                    and key_node.tag != "tag:yaml.org,2002:merge"
+                ):
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.setdefault(key, key_node)
+                    except TypeError:  # an unhashable key: SafeLoader's own error follows
+                        continue
+                    if first is not key_node:
+                        raise self._refuse(
+                            key_node.start_mark,
+                            f"key {key!r} given twice in one mapping (first at line "
+                            f"{first.start_mark.line + 1}); remove one",
+                        )
+        return super().construct_mapping(node, deep=deep)
+
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
