@@ -26,6 +26,9 @@ import time
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 from ..experiment.methods import check_methods, collect_methods
 from ..experiment.schema import equivalence_margin
 from ..experiment.tuned import load_tuned, tuned_configs
@@ -66,7 +69,9 @@ def run_comparison(
     the tuning seed); a ``--set`` that changes the tuned budget is a ConfigError unless
     ``allow_budget_change`` (:func:`pml_rank_plugins.experiment.tuned.tuned_configs`).
     ``summary["tuned_from"]``, ``tuned_params``, ``tuned_config_hash`` and ``budget_changes``
-    record what was trained.
+    record what was trained. ``pictures``: draw each method's retrieval pictures
+    (:func:`write_pictures`, with a progress bar); ``False`` draws none and leaves pictures
+    already in ``out_dir`` untouched; with ``resume`` only missing or out-of-date ones are drawn.
     """
     out_dir = Path(out_dir)
     selected = collect_methods(configs, overrides, methods, data_root)
@@ -95,16 +100,31 @@ def run_comparison(
         summary["tuned_config_hash"] = {m: tuned_run["methods"][m]["config_hash"] for m in selected}
         summary["budget_changes"] = changes
     if distributed.is_main_process():  # under torchrun: rank 0 writes
-        if pictures:
-            summary["pictures"] = write_pictures(results, all_jobs, device)
+        if pictures:  # with resume: only missing or out-of-date pictures are drawn
+            summary["pictures"] = write_pictures(results, all_jobs, device, only_missing=resume)
         write_outputs(summary, results, out_dir)
     distributed.barrier()
     return summary
 
 
-def write_pictures(results: dict, jobs: Sequence[Job], device: str | None) -> dict:
-    """Retrieval pictures for the first successful run of each name, into ``<name>/``."""
-    out = {}
+def write_pictures(
+    results: dict,
+    jobs: Sequence[Job],
+    device: str | None,
+    only_missing: bool = False,
+    pdf: bool = True,
+) -> dict:
+    """Retrieval pictures for the first successful run of each name, into ``<name>/``.
+
+    Shows a ``pictures`` progress bar (one step per method, like the runs' bar) and logs one
+    line per method with what it wrote and how long it took. Each method costs one embedding
+    pass over its test split plus two figures (:func:`.retrieval.write_retrieval_pictures`).
+    ``only_missing`` (``--resume``): a method whose pictures are all present and newer than its
+    run's checkpoint is skipped without building anything, and only missing or out-of-date files
+    are written; no picture is deleted. A method whose pictures fail is logged and recorded as
+    ``"failed: ..."``; the other methods and the tables go on.
+    """
+    todo = []
     for name, by_run in results.items():
         job = next(
             (
@@ -116,14 +136,40 @@ def write_pictures(results: dict, jobs: Sequence[Job], device: str | None) -> di
             ),
             None,
         )
-        if job is None:
-            continue
-        try:
-            paths = retrieval.write_retrieval_pictures(job.run_dir, job.run_dir.parent, device)
-            out[name] = [str(p) for p in paths]
-        except Exception as e:  # noqa: BLE001 -- pictures are a bonus; never lose the table
-            LOGGER.warning("retrieval pictures for %s failed: %s: %s", name, type(e).__name__, e)
-            out[name] = f"failed: {type(e).__name__}: {e}"
+        if job is not None:
+            todo.append((name, job))
+    out = {}
+    bar = {"desc": "pictures", "unit": "method", "disable": not todo}
+    with logging_redirect_tqdm():
+        for name, job in tqdm.tqdm(todo, **bar):
+            t0 = time.perf_counter()
+            try:
+                missing = (
+                    retrieval.missing_pictures(job.run_dir, job.run_dir.parent, pdf)
+                    if only_missing
+                    else None
+                )
+                paths = retrieval.write_retrieval_pictures(
+                    job.run_dir, job.run_dir.parent, device, pdf=pdf, only_missing=only_missing
+                )
+                out[name] = [str(p) for p in paths]
+            except Exception as e:  # noqa: BLE001 -- pictures are a bonus; never lose the table
+                LOGGER.warning(
+                    "retrieval pictures for %s failed: %s: %s", name, type(e).__name__, e
+                )
+                out[name] = f"failed: {type(e).__name__}: {e}"
+                continue
+            written = [Path(p).name for p in (paths if missing is None else missing)]
+            if not written:
+                LOGGER.info("pictures of %s: up to date in %s", name, job.run_dir.parent)
+            else:
+                LOGGER.info(
+                    "pictures of %s: %s in %s (%.1f s)",
+                    name,
+                    ", ".join(written),
+                    job.run_dir.parent,
+                    time.perf_counter() - t0,
+                )
     return out
 
 

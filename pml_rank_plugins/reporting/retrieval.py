@@ -8,12 +8,21 @@ references: rank and a check mark in a solid blue frame when of the query's clas
 a dashed vermillion frame otherwise (colour-blind-safe Okabe-Ito colours, never colour alone);
 every tile has its class label underneath.
 ``worst_queries.png``: the same layout for the ``num_queries`` queries of lowest AP.
-Each figure also as PDF (``retrieval.pdf``, ``worst_queries.pdf``) for papers.
+Each figure also as PDF (``retrieval.pdf``, ``worst_queries.pdf``) for papers, unless
+``pdf=False``.
 ``retrieval.json``: query positions, retrieved positions and labels, correctness and AP behind
-both figures.
+both figures, and the run folder and checkpoint they were computed from.
+
+Cost per run (the demo's 8 methods, 2 loaded cores; see docs/getting-started.md for numbers):
+rebuilding the experiment and embedding the test split once with the run's tester dominates
+(the same forward pass as the run's final test; skipped when the run saved those embeddings); each grid is drawn without a layout engine
+(fixed margins in inches, :func:`grid_geometry`), its PNG written with fast compression and its
+PDF with Type 3 fonts (no TrueType subsetting). :func:`missing_pictures` says which outputs are
+missing or older than the run's checkpoint, so a resumed comparison draws only those.
 
 Neighbours are ranked by cosine similarity of the embeddings the configured PML tester computes
-(``tester.get_all_embeddings``), the query itself excluded when it is in the reference set. AP of a
+(``tester.get_all_embeddings``; or the ones the run saved at its final test,
+``RUN_DIR/embeddings/<split>.npz``, when they belong to the checkpoint used), the query itself excluded when it is in the reference set. AP of a
 query is over its full ranking: ``AP = (1/P) sum_{k: item k relevant} precision@k`` with ``P`` the
 number of same-class references (the definition PML's MAP@R truncates at R). O(Q R) memory for Q
 queries and R references.
@@ -21,12 +30,17 @@ queries and R references.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
+import tqdm
+from pytorch_metric_learning.testers import base_tester
 
 from ..experiment import builder
 from ..experiment.schema import load_yaml
@@ -47,6 +61,18 @@ FRAME = {
 CHECK, CROSS = "\u2713", "\u2717"
 TILE_INCHES = 1.45
 TILE_FONT_PT = 11
+# Fixed margins of a grid, inches: the figure title (two lines) on top, the legend at the bottom,
+# each tile's two-line title above it and its class label below it, a gap between columns.
+TITLE_IN, LEGEND_IN, TILE_TITLE_IN, TILE_LABEL_IN, SIDE_IN, COL_GAP_IN = (
+    0.6,
+    0.5,
+    0.5,
+    0.3,
+    0.1,
+    0.15,
+)
+FIGURES = ("retrieval", "worst_queries")
+JSON_NAME = "retrieval.json"
 
 
 def choose_queries(labels: Sequence[int], eligible: np.ndarray, num: int, seed: int) -> np.ndarray:
@@ -72,6 +98,32 @@ def _split_entry(config: dict, datasets: dict) -> tuple[str, list[str]]:
     return pairs[0]
 
 
+def saved_embeddings(
+    run_dir: Path, split: str, ckpt: Path
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The ``split`` embeddings the run saved at its final test, if they belong to ``ckpt``.
+
+    Reads ``RUN_DIR/embeddings/<split>.npz`` (keys ``embeddings`` (N, D), ``labels`` (N, L),
+    ``checkpoint``: the checkpoint file name), as
+    :func:`pml_rank_plugins.running.load.save_embeddings` writes it. Used only when its
+    ``checkpoint`` is ``ckpt``'s name and the file is not older than ``ckpt``; otherwise (or
+    when missing or unreadable) ``None``, and the caller embeds the split again.
+
+    Returns:
+        ``(embeddings, labels)`` as tensors, or ``None``.
+    """
+    path = Path(run_dir) / "embeddings" / f"{split}.npz"
+    try:
+        if path.stat().st_mtime < ckpt.stat().st_mtime:
+            return None
+        with np.load(path, allow_pickle=False) as data:
+            if str(data["checkpoint"]) != ckpt.name:
+                return None
+            return torch.from_numpy(data["embeddings"]), torch.from_numpy(data["labels"])
+    except (OSError, KeyError, ValueError):  # absent, or not such a file: embed again
+        return None
+
+
 def compute_retrieval(
     run_dir: str | Path,
     device: str | None = None,
@@ -95,8 +147,14 @@ def compute_retrieval(
     tester = builder.build_tester(config, exp.device)
     trunk, embedder = exp.models["trunk"], exp.models.get("embedder", torch.nn.Identity())
 
+    @functools.cache  # a split that is query and reference (test vs test) is embedded once
     def embed(name):
-        emb, lab = tester.get_all_embeddings(exp.datasets[name], trunk, embedder)
+        saved = saved_embeddings(run_dir, name, ckpt)
+        if saved is not None:
+            emb, lab = saved
+        else:
+            with _quiet_tester_bars():
+                emb, lab = tester.get_all_embeddings(exp.datasets[name], trunk, embedder)
         return torch.nn.functional.normalize(emb.float(), dim=1).cpu(), lab[:, 0].cpu().numpy()
 
     q_emb, q_lab = embed(qname)
@@ -137,6 +195,23 @@ def compute_retrieval(
     }
 
 
+@contextlib.contextmanager
+def _quiet_tester_bars():
+    """PML's tester draws a progress bar per embedded split (``tqdm.tqdm(dataloader)`` in
+    ``base_tester``) and takes no option to hide it; under the comparison's own ``pictures`` bar
+    those would print two extra bars per method. Only ``base_tester``'s name ``tqdm`` is replaced,
+    inside this block; a PML without it is left alone."""
+    if not hasattr(base_tester, "tqdm"):
+        yield
+        return
+    saved = base_tester.tqdm
+    base_tester.tqdm = types.SimpleNamespace(tqdm=functools.partial(tqdm.tqdm, disable=True))
+    try:
+        yield
+    finally:
+        base_tester.tqdm = saved
+
+
 def _image(dataset, pos: int) -> np.ndarray:
     img = dataset[pos][0]
     img = img.detach().float().cpu().numpy() if torch.is_tensor(img) else np.asarray(img, float)
@@ -146,6 +221,37 @@ def _image(dataset, pos: int) -> np.ndarray:
         img = img[..., 0]
     lo, hi = float(img.min()), float(img.max())
     return (img - lo) / (hi - lo) if hi > lo else np.zeros_like(img)
+
+
+def grid_geometry(num_rows: int, num_cols: int) -> tuple[float, float, dict]:
+    """Figure size (inches) and ``Figure.subplots_adjust`` keywords of a retrieval grid.
+
+    Fixed margins in inches (:data:`TITLE_IN` ...) instead of constrained layout, which solved
+    the same positions at every draw (about 1 s per grid on a loaded 2-core machine). Each tile
+    gets :data:`TILE_INCHES` of width; each row its tile plus its title and label bands.
+
+    Args:
+        num_rows: queries shown.
+        num_cols: ``k + 1`` (the query and its top-k).
+
+    Returns:
+        ``(width, height, adjust)``.
+    """
+    width = TILE_INCHES * num_cols
+    height = (TILE_INCHES + 0.75) * num_rows + 1.3
+    row_gap = TILE_LABEL_IN + TILE_TITLE_IN
+    ax_h = height - TITLE_IN - TILE_TITLE_IN - LEGEND_IN - TILE_LABEL_IN - (num_rows - 1) * row_gap
+    ax_h /= num_rows
+    ax_w = (width - 2 * SIDE_IN - (num_cols - 1) * COL_GAP_IN) / num_cols
+    adjust = {
+        "left": SIDE_IN / width,
+        "right": 1 - SIDE_IN / width,
+        "bottom": (LEGEND_IN + TILE_LABEL_IN) / height,
+        "top": 1 - (TITLE_IN + TILE_TITLE_IN) / height,
+        "wspace": COL_GAP_IN / ax_w,
+        "hspace": row_gap / ax_h,
+    }
+    return width, height, adjust
 
 
 def grid_figure(rows: list[dict], query_set, ref_sets, title: str) -> "Figure":
@@ -169,7 +275,9 @@ def grid_figure(rows: list[dict], query_set, ref_sets, title: str) -> "Figure":
     for ds in ref_sets:
         ref_index += [(ds, i) for i in range(len(ds))]
     k = max(len(r["retrieved"]) for r in rows)
-    fig = style.new_figure(TILE_INCHES * (k + 1), (TILE_INCHES + 0.75) * len(rows) + 1.3)
+    width, height, adjust = grid_geometry(len(rows), k + 1)
+    fig = style.new_figure(width, height, layout=None)
+    fig.subplots_adjust(**adjust)
     axes = fig.subplots(len(rows), k + 1, squeeze=False)
     for r, row in enumerate(rows):
         cells = [(query_set, row["query"], "query", f"query\nAP {row['ap']:.2f}", row["label"])]
@@ -200,13 +308,25 @@ def grid_figure(rows: list[dict], query_set, ref_sets, title: str) -> "Figure":
         for kind in ("query", "correct", "wrong")
     ]
     labels = ["query (AP over its full ranking)", f"{CHECK} same class", f"{CROSS} other class"]
-    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=style.MIN_FONT_PT + 1)
-    fig.suptitle(title, fontsize=style.FONT_RC["figure.titlesize"])
+    fig.legend(
+        handles,
+        labels,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0.02 / height),
+        ncols=3,
+        fontsize=style.MIN_FONT_PT + 1,
+        borderaxespad=0.0,
+    )
+    fig.suptitle(title, fontsize=style.FONT_RC["figure.titlesize"], y=1 - 0.08 / height, va="top")
     return fig
 
 
-def draw_grid(rows: list[dict], query_set, ref_sets, title: str, path: Path) -> list[Path]:
-    """Save :func:`grid_figure` as ``path`` (PNG) and its PDF copy.
+def draw_grid(
+    rows: list[dict], query_set, ref_sets, title: str, path: Path, pdf: bool = True
+) -> list[Path]:
+    """Save :func:`grid_figure` as ``path`` (PNG, zlib level 1: about twice the bytes of level 6,
+    written in half the time) and, with ``pdf``, its PDF copy (Type 3 fonts: the text stays
+    searchable, without TrueType subsetting's cost; see :func:`.style.save_figure`).
 
     Args:
         rows: see :func:`grid_figure`.
@@ -214,11 +334,59 @@ def draw_grid(rows: list[dict], query_set, ref_sets, title: str, path: Path) -> 
         ref_sets: see :func:`grid_figure`.
         title: see :func:`grid_figure`.
         path: the PNG path.
+        pdf: also write the PDF.
 
     Returns:
-        ``[png, pdf]``.
+        ``[png, pdf]`` (``[png]`` without ``pdf``).
     """
-    return style.save_figure(grid_figure(rows, query_set, ref_sets, title), path)
+    fig = grid_figure(rows, query_set, ref_sets, title)
+    return style.save_figure(fig, path, pdf=pdf, pdf_fonttype=3, png_compression=1)
+
+
+def picture_paths(out_dir: str | Path, pdf: bool = True) -> list[Path]:
+    """The files :func:`write_retrieval_pictures` writes into ``out_dir``, in its order:
+    ``retrieval.png`` (``.pdf``), ``worst_queries.png`` (``.pdf``), ``retrieval.json``."""
+    out_dir = Path(out_dir)
+    suffixes = (".png", style.VECTOR_SUFFIX) if pdf else (".png",)
+    return [out_dir / f"{name}{suf}" for name in FIGURES for suf in suffixes] + [
+        out_dir / JSON_NAME
+    ]
+
+
+def missing_pictures(
+    run_dir: str | Path, out_dir: str | Path | None = None, pdf: bool = True, which: str = "best"
+) -> list[Path]:
+    """The outputs of :func:`write_retrieval_pictures` that are missing or out of date.
+
+    All of them are out of date when ``retrieval.json`` is missing or unreadable, names another
+    run folder or checkpoint, or is older than the run's ``which`` checkpoint (the run was
+    retrained or continued since); otherwise only the absent files are listed. Reads one JSON
+    file and a few ``stat`` calls: no model is built.
+
+    Args:
+        run_dir: the run folder the pictures are drawn from.
+        out_dir: where they are (default ``run_dir``).
+        pdf: whether the PDF copies are expected.
+        which: the checkpoint the pictures use (``"best"``).
+
+    Returns:
+        The paths to (re)write, in :func:`picture_paths` order; ``[]`` when all are up to date.
+    """
+    run_dir = Path(run_dir)
+    paths = picture_paths(out_dir or run_dir, pdf)
+    record = paths[-1]
+    try:
+        ckpt = choose_checkpoint(run_dir, which)
+        saved = json.loads(record.read_text())
+        fresh = (
+            isinstance(saved, dict)
+            and saved.get("run_dir") == str(run_dir)
+            and saved.get("checkpoint") == ckpt.name
+            and record.stat().st_mtime >= ckpt.stat().st_mtime
+        )
+    except (OSError, ValueError):  # no record / checkpoint, or an unreadable record
+        fresh = False
+    return [p for p in paths if not fresh or not p.exists()]
 
 
 def write_retrieval_pictures(
@@ -228,43 +396,69 @@ def write_retrieval_pictures(
     num_queries: int = 8,
     k: int = 5,
     seed: int = 0,
+    pdf: bool = True,
+    only_missing: bool = False,
 ) -> list[Path]:
     """``retrieval.png``, ``worst_queries.png`` (each with a PDF copy) and ``retrieval.json`` for
     ``run_dir``'s best checkpoint.
 
+    Cost: building the run's experiment and one embedding pass over the test split with the
+    run's tester (the same work as the run's final test; most of the time on a CPU), then two
+    figures of ``num_queries x (k + 1)`` image tiles (each under a second; the PDF copy adds
+    about half of that). With ``only_missing`` nothing is computed when :func:`missing_pictures`
+    finds every output up to date, and only the missing or out-of-date files are written
+    otherwise; no file is ever deleted.
+
     Args:
         run_dir: a finished run folder (``config.yaml``, ``checkpoints/``).
-        out_dir: where to write (default ``run_dir``).
+        out_dir: where to write (default ``run_dir``; created if missing).
         device: the device to embed on (default: the config's).
         num_queries: queries per figure.
         k: retrieved references shown per query.
         seed: the query draw's seed.
+        pdf: also write the PDF copies.
+        only_missing: write only what :func:`missing_pictures` lists.
 
     Returns:
-        ``[retrieval.png, retrieval.pdf, worst_queries.png, worst_queries.pdf, retrieval.json]``.
+        :func:`picture_paths`: ``[retrieval.png, retrieval.pdf, worst_queries.png,
+        worst_queries.pdf, retrieval.json]`` (without the PDFs when ``pdf`` is false), whether
+        written now or found up to date.
     """
     run_dir = Path(run_dir)
     out_dir = Path(out_dir or run_dir)
+    paths = picture_paths(out_dir, pdf)
+    todo = set(missing_pictures(run_dir, out_dir, pdf) if only_missing else paths)
+    if not todo:
+        return paths
     res = compute_retrieval(run_dir, device, num_queries, k, seed)
     query_set, ref_sets = res.pop("_datasets")
+    out_dir.mkdir(parents=True, exist_ok=True)
     name = load_yaml(run_dir / "config.yaml").get("name", run_dir.name)
     where = f"{res['split']} split, {res['checkpoint']} of {run_dir.name}"
     n_q, n_w = len(res["queries"]), len(res["worst"])
-    paths = draw_grid(
-        res["queries"],
-        query_set,
-        ref_sets,
-        f"{name}: top-{k} of {n_q} random queries\n(seed {seed}; {where})",
-        out_dir / "retrieval.png",
-    )
-    paths += draw_grid(
-        res["worst"],
-        query_set,
-        ref_sets,
-        f"{name}: top-{k} of the {n_w} queries of lowest AP\n({where})",
-        out_dir / "worst_queries.png",
-    )
+    titles = {
+        "retrieval": f"{name}: top-{k} of {n_q} random queries\n(seed {seed}; {where})",
+        "worst_queries": f"{name}: top-{k} of the {n_w} queries of lowest AP\n({where})",
+    }
+    for fig_name, rows in (("retrieval", res["queries"]), ("worst_queries", res["worst"])):
+        png = out_dir / f"{fig_name}.png"
+        want_pdf = pdf and png.with_suffix(style.VECTOR_SUFFIX) in todo
+        if png in todo or want_pdf:
+            fig = grid_figure(rows, query_set, ref_sets, titles[fig_name])
+            if png in todo:
+                style.save_figure(fig, png, pdf=want_pdf, pdf_fonttype=3, png_compression=1)
+            else:  # the PDF alone
+                _save_pdf(fig, png.with_suffix(style.VECTOR_SUFFIX))
     res["run_dir"] = str(run_dir)
-    paths.append(out_dir / "retrieval.json")
+    # Written last: a run interrupted while drawing leaves no record, so the next
+    # ``only_missing`` call draws everything again.
     paths[-1].write_text(json.dumps(res, indent=2))
     return paths
+
+
+def _save_pdf(fig: "Figure", path: Path) -> None:
+    """The PDF copy of a grid with Type 3 fonts (see :func:`draw_grid`)."""
+    import matplotlib
+
+    with matplotlib.rc_context({**style.FONT_RC, "pdf.fonttype": 3}):
+        fig.savefig(path)

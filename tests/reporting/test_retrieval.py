@@ -1,18 +1,24 @@
 """Retrieval pictures: AP by hand, query choice independent of the model, same queries for every
-method of a comparison, figures written."""
+method of a comparison, figures written, a fixed layout that keeps every text inside and apart,
+``--resume`` drawing only missing or out-of-date pictures and never deleting one."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import matplotlib.colors
 import matplotlib.text
 import numpy as np
 import pytest
 import torch
+import tqdm
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from pytorch_metric_learning.testers import base_tester
 
 from pml_rank_plugins.functional import ranked_average_precision
 from pml_rank_plugins.reporting import compare, retrieval, style
+from pml_rank_plugins.running.load import embed, load_run, save_embeddings
 from tests.tiny import TinyDataset, tiny_config
 
 
@@ -122,3 +128,181 @@ def test_grid_tiles_carry_rank_mark_class_label_and_a_frame_style_per_kind():
         if t.get_visible() and t.get_text().strip()
     ]
     assert min(sizes) >= style.MIN_FONT_PT
+
+
+def _texts_inside_and_apart(fig) -> None:
+    """Every visible text inside the figure; tile titles and labels clear of other rows' texts."""
+    FigureCanvasAgg(fig).draw()  # what savefig(png) draws
+    renderer = fig.canvas.get_renderer()
+    fig_box = fig.bbox
+    texts = [
+        t
+        for t in fig.findobj(matplotlib.text.Text)
+        if t.get_visible() and t.get_text().strip() and t.figure is fig
+    ]
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    for t, b in zip(texts, boxes):
+        assert fig_box.x0 - 0.5 <= b.x0 and b.x1 <= fig_box.x1 + 0.5, t.get_text()
+        assert fig_box.y0 - 0.5 <= b.y0 and b.y1 <= fig_box.y1 + 0.5, t.get_text()
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            assert not boxes[i].overlaps(boxes[j]), (texts[i].get_text(), texts[j].get_text())
+
+
+def test_grid_fixed_layout_keeps_every_text_inside_and_apart():
+    data = TinyDataset(num_classes=3, per_class=4)
+    row = {
+        "query": 0,
+        "label": 0,
+        "ap": 0.5,
+        "retrieved": [1, 5, 2, 3, 9],
+        "retrieved_labels": [0, 1, 0, 0, 2],
+        "correct": [True, False, True, True, False],
+    }
+    for num_rows in (1, 3, 8):
+        fig = retrieval.grid_figure([row] * num_rows, data, [data], "title\nsecond line")
+        assert fig.get_layout_engine() is None  # no constrained layout solve per draw
+        _texts_inside_and_apart(fig)
+        legend_box = fig.legends[0].get_window_extent()
+        lowest_tile = min(ax.get_window_extent().y0 for ax in fig.axes)
+        assert legend_box.y1 < lowest_tile  # the legend sits below the last row's labels
+
+
+def test_grid_geometry_gives_every_tile_its_width():
+    width, height, adjust = retrieval.grid_geometry(8, 6)
+    assert width == pytest.approx(6 * retrieval.TILE_INCHES)
+    assert 0 < adjust["left"] < adjust["right"] < 1 and 0 < adjust["bottom"] < adjust["top"] < 1
+    tile_w = width * (adjust["right"] - adjust["left"]) / (6 + 5 * adjust["wspace"])
+    assert tile_w == pytest.approx((width - 2 * retrieval.SIDE_IN - 5 * retrieval.COL_GAP_IN) / 6)
+
+
+def _mtimes(folder):
+    return {p.name: p.stat().st_mtime_ns for p in folder.iterdir() if p.is_file()}
+
+
+def test_resume_draws_only_missing_pictures_and_never_deletes(tmp_path, monkeypatch, caplog):
+    cfg = tiny_config()
+    cfg["methods"] = {"Contrastive": None}
+    out = tmp_path / "cmp"
+    fast = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
+    with caplog.at_level("INFO", logger="pml_rank_plugins.reporting.compare"):
+        compare.run_comparison(cfg, out, overrides=fast)
+    folder = out / "Contrastive"
+    names = [p.name for p in retrieval.picture_paths(folder)]
+    # one progress line per method, naming what it wrote
+    assert "pictures of Contrastive: " + ", ".join(names) + " in" in caplog.text
+    assert sorted(names) == sorted(n for n in _mtimes(folder))
+    before = _mtimes(folder)
+    assert retrieval.missing_pictures(folder / "seed0", folder) == []
+
+    calls = []
+    real = retrieval.compute_retrieval
+    monkeypatch.setattr(
+        retrieval, "compute_retrieval", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    # Everything present and newer than the checkpoint: nothing is built or drawn.
+    summary = compare.run_comparison(cfg, out, overrides=fast, resume=True)
+    assert calls == [] and _mtimes(folder) == before
+    assert [p.rsplit("/", 1)[-1] for p in summary["pictures"]["Contrastive"]] == names
+    # One PDF lost: only it (and the record) are written again.
+    (folder / "worst_queries.pdf").unlink()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="pml_rank_plugins.reporting.compare"):
+        compare.run_comparison(cfg, out, overrides=fast, resume=True)
+    assert calls == [1] and "pictures of Contrastive: worst_queries.pdf in" in caplog.text
+    after = _mtimes(folder)
+    assert (folder / "worst_queries.pdf").read_bytes()[:4] == b"%PDF"
+    unchanged = ["retrieval.png", "retrieval.pdf", "worst_queries.png"]
+    assert {n: after[n] for n in unchanged} == {n: before[n] for n in unchanged}
+    # pictures=False with resume: no picture is drawn, and none deleted.
+    (folder / "retrieval.png").unlink()
+    kept = _mtimes(folder)
+    summary = compare.run_comparison(cfg, out, overrides=fast, resume=True, pictures=False)
+    assert "pictures" not in summary and _mtimes(folder) == kept and calls == [1]
+
+
+def test_pictures_are_out_of_date_when_the_checkpoint_is_newer(tmp_path):
+    cfg = tiny_config()
+    cfg["methods"] = {"Contrastive": None}
+    out = tmp_path / "cmp"
+    fast = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
+    compare.run_comparison(cfg, out, overrides=fast)
+    folder, run = out / "Contrastive", out / "Contrastive" / "seed0"
+    record = folder / "retrieval.json"
+    assert retrieval.missing_pictures(run, folder) == []
+    assert retrieval.missing_pictures(run, folder, pdf=False) == []
+    ckpt = run / "checkpoints" / "best.pt"
+    later = record.stat().st_mtime + 10
+    os.utime(ckpt, (later, later))  # the run was retrained after the pictures
+    assert retrieval.missing_pictures(run, folder) == retrieval.picture_paths(folder)
+    os.utime(ckpt, (later - 20, later - 20))
+    saved = json.loads(record.read_text())
+    record.write_text(json.dumps({**saved, "run_dir": str(tmp_path / "elsewhere")}))
+    assert retrieval.missing_pictures(run, folder) == retrieval.picture_paths(folder)
+    record.write_text("{not json")
+    assert retrieval.missing_pictures(run, folder) == retrieval.picture_paths(folder)
+
+
+def test_pictures_false_writes_no_picture(tmp_path):
+    cfg = tiny_config()
+    cfg["methods"] = {"Contrastive": None}
+    out = tmp_path / "cmp"
+    fast = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
+    summary = compare.run_comparison(cfg, out, overrides=fast, pictures=False)
+    assert "pictures" not in summary
+    assert not [p for p in (out / "Contrastive").iterdir() if p.is_file()]
+
+
+def test_pictures_without_pdf_and_no_tester_bars(tmp_path, capsys):
+    cfg = tiny_config()
+    cfg["methods"] = {"Contrastive": None}
+    out = tmp_path / "cmp"
+    fast = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
+    compare.run_comparison(cfg, out, overrides=fast, pictures=False)
+    capsys.readouterr()
+    run = out / "Contrastive" / "seed0"
+    paths = retrieval.write_retrieval_pictures(run, tmp_path / "pics", pdf=False)
+    assert [p.name for p in paths] == [
+        "retrieval.png",
+        "worst_queries.png",
+        "retrieval.json",
+    ]
+    assert sorted(p.name for p in (tmp_path / "pics").iterdir()) == sorted(p.name for p in paths)
+    assert "it/s" not in capsys.readouterr().err  # PML's per-split embedding bars are hidden
+    assert base_tester.tqdm is tqdm  # and put back
+
+
+def test_saved_test_embeddings_are_reused_only_for_their_checkpoint(tmp_path, monkeypatch):
+    cfg = tiny_config()
+    cfg["methods"] = {"Contrastive": None}
+    out = tmp_path / "cmp"
+    fast = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
+    compare.run_comparison(cfg, out, overrides=fast, pictures=False)
+    run = out / "Contrastive" / "seed0"
+    embedded = retrieval.compute_retrieval(run)
+    loaded = load_run(run)
+    emb, labels = embed(loaded, "test")
+    (run / "embeddings").mkdir()
+    saved = run / "embeddings" / "test.npz"
+    save_embeddings(saved, emb, labels, split="test", checkpoint=loaded.checkpoint.name)
+
+    calls = []
+    real = base_tester.BaseTester.get_all_embeddings
+    monkeypatch.setattr(
+        base_tester.BaseTester,
+        "get_all_embeddings",
+        lambda *a, **k: calls.append(1) or real(*a, **k),
+    )
+    reused = retrieval.compute_retrieval(run)
+    assert calls == []  # nothing embedded again
+    for key in ("queries", "worst"):
+        assert [q["retrieved"] for q in reused[key]] == [q["retrieved"] for q in embedded[key]]
+        assert [q["ap"] for q in reused[key]] == pytest.approx([q["ap"] for q in embedded[key]])
+    # Embeddings of another checkpoint, or older than the checkpoint: embedded again.
+    save_embeddings(saved, emb, labels, split="test", checkpoint="latest.pt")
+    retrieval.compute_retrieval(run)
+    assert calls == [1]
+    save_embeddings(saved, emb, labels, split="test", checkpoint=loaded.checkpoint.name)
+    os.utime(saved, (0, 0))
+    retrieval.compute_retrieval(run)
+    assert calls == [1, 1]
