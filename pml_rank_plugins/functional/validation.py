@@ -35,8 +35,15 @@ def check_embedding_shape(tensor: torch.Tensor, name: str, width: int | None = N
 
 
 def check_labels(labels: torch.Tensor, name: str = "labels") -> None:
-    """Raise ``ValueError`` for bool labels: a mask passed where class ids belong (PML treats
-    labels as class ids; two "classes" True/False is almost never what was meant)."""
+    """Raise ``TypeError`` for labels that are not a tensor (a Python list or a numpy array
+    failed deep inside PML with ``AttributeError: 'list' object has no attribute 'shape'``) and
+    ``ValueError`` for bool labels: a mask passed where class ids belong (PML treats labels as
+    class ids; two "classes" True/False is almost never what was meant). ``None`` passes."""
+    if labels is not None and not isinstance(labels, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor of class ids, got {type(labels).__name__}; "
+            f"pass torch.as_tensor({name})"
+        )
     if isinstance(labels, torch.Tensor) and labels.dtype == torch.bool:
         raise ValueError(
             f"{name} has dtype torch.bool; labels are class ids: pass an integer tensor "

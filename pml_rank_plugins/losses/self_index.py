@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pytorch_metric_learning.utils import common_functions as c_f
 
+from ..functional.validation import check_labels
 from ..utils.loss_and_miner_utils import check_self_index
 
 
@@ -49,6 +50,8 @@ class SelfIndexForward:
                 ``indices_tuple``, or malformed
                 (:func:`~pml_rank_plugins.utils.loss_and_miner_utils.check_self_index`).
         """
+        check_labels(labels, "labels")  # before PML's own checks, which assume tensors
+        check_labels(ref_labels, "ref_labels")
         if self_index is None:
             return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         if ref_emb is None or ref_labels is None or labels is None:

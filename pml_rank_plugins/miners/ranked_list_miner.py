@@ -128,6 +128,8 @@ class RankedListMiner(BaseMiner):
         """
         if labels is None:  # PML's BaseMiner.forward would fail with an AttributeError
             raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
+        check_labels(labels, "labels")  # before PML's own checks, which assume tensors
+        check_labels(ref_labels, "ref_labels")
         if self_index is None:
             return super().forward(embeddings, labels, ref_emb, ref_labels)
         if ref_emb is None or ref_labels is None:

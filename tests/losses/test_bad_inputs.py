@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss
+from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss, RankedListLoss
+from pml_rank_plugins.miners import RankedListMiner
 
 LOSSES = [FastAPLoss, QuantizedAPLoss]
 
@@ -89,3 +90,19 @@ def test_an_absurd_num_bins_is_refused_naming_it(cls):
     with pytest.raises(ValueError, match="num_bins"):
         cls(num_bins=1_000_000_000)
     assert cls(num_bins=4096).num_bins == 4096
+
+
+@pytest.mark.parametrize("make", [list, np.asarray], ids=["list", "numpy"])
+@pytest.mark.parametrize("cls", [FastAPLoss, QuantizedAPLoss, RankedListLoss, RankedListMiner])
+def test_labels_that_are_not_a_tensor_name_the_fix(cls, make):
+    # Third audit item 12: a list or a numpy array failed inside PML with an AttributeError.
+    labels = make([0, 0, 1, 1, 2, 2, 3, 3])
+    with pytest.raises(TypeError, match=r"labels must be a torch.Tensor .* torch.as_tensor"):
+        cls()(torch.randn(8, 4), labels)
+    with pytest.raises(TypeError, match="ref_labels must be a torch.Tensor"):
+        cls()(
+            torch.randn(8, 4),
+            torch.arange(8),
+            ref_emb=torch.randn(4, 4),
+            ref_labels=make([0, 1, 2, 3]),
+        )
