@@ -10,6 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 from pml_rank_plugins.experiment import registry
+from pml_rank_plugins.experiment.methods import collect_methods
 from pml_rank_plugins.experiment.schema import ConfigError, deep_merge
 from pml_rank_plugins.reporting.tune_report import run_tune
 from pml_rank_plugins.running import tune as tuning
@@ -184,3 +185,12 @@ def test_a_bad_space_is_a_config_error_naming_the_key(tmp_path, space, match):
         run_tune([cfg], tmp_path / "t")
     assert next(iter(space)) in str(info.value)
     assert not (tmp_path / "t").exists()  # refused before anything trains
+
+
+def test_jobs_are_capped_at_the_trials_left(tmp_path, monkeypatch):
+    # Third audit item 12: `--jobs 8 --trials 1` started 8 workers.
+    started = []
+    monkeypatch.setattr(tuning, "_run_workers", lambda job, jobs: started.append(jobs))
+    configs = collect_methods([glyph_config()], methods=["PML Contrastive"])
+    tuning.tune(configs, tmp_path / "t", trials=1, jobs=8)
+    assert started == [1]
