@@ -42,6 +42,7 @@ from .checkpoints import (
     set_rng_state,
     state_dicts,
 )
+from .clock import PhaseClock
 from .evaluate import revisited_eval, run_eval, split_name
 from .resume import check_resume_config, plateaued
 
@@ -157,9 +158,11 @@ def train_run(
 
 def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx, on_epoch=None) -> dict:
     t0 = time.perf_counter()
+    clock = PhaseClock()  # where the time goes (metrics.json "phase_seconds")
     main = ctx.is_main
     ckpt_path = run_dir / "checkpoints" / "latest.pt"
-    exp = builder.build_experiment(config, ctx.device)
+    with clock.phase("setup"):
+        exp = builder.build_experiment(config, ctx.device)
     ev = builder.eval_settings(config)
     val_entries = list(ev["validation"] or [])
     val_entries = [e for e in val_entries if split_name(e) in exp.datasets]
@@ -181,12 +184,13 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx, on_epoc
         LOGGER.info("resuming %s at epoch %d", run_dir, start_epoch)
 
     record_keeper = tb_writer = tester = hooks = None
-    if main:
-        record_keeper, tb_writer, hooks = make_logging(run_dir, primary, val_split, resuming)
-        tester = builder.build_tester(config, exp.device, hooks.end_of_testing_hook)
-    check = nonfinite.NonFiniteCheck(chained=hooks.end_of_iteration_hook if main else None)
-    check.watch(exp.models["embedder"])  # the embeddings the losses get
-    trainer = builder.make_trainer(exp, end_of_iteration_hook=check)
+    with clock.phase("setup"):
+        if main:
+            record_keeper, tb_writer, hooks = make_logging(run_dir, primary, val_split, resuming)
+            tester = builder.build_tester(config, exp.device, hooks.end_of_testing_hook)
+        check = nonfinite.NonFiniteCheck(chained=hooks.end_of_iteration_hook if main else None)
+        check.watch(exp.models["embedder"])  # the embeddings the losses get
+        trainer = builder.make_trainer(exp, end_of_iteration_hook=check)
 
     epoch = start_epoch
     try:
@@ -196,7 +200,8 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx, on_epoc
                 exp.sampler.set_epoch(epoch)
             check.start_epoch()
             try:
-                trainer.train(start_epoch=epoch, num_epochs=epoch)
+                with clock.phase("train"):
+                    trainer.train(start_epoch=epoch, num_epochs=epoch)
             except nonfinite.NonFiniteError:
                 raise
             except Exception as e:  # a loss refusing non-finite embeddings: say where
@@ -206,19 +211,21 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx, on_epoc
             nonfinite.check_weights({**exp.models, **exp.loss_funcs}, epoch)
             row: dict[str, Any] = {"epoch": epoch, "train_loss": check.mean_loss()}
             if val_entries and (epoch % int(ev["test_interval"]) == 0 or epoch == exp.num_epochs):
-                row["validation"] = distributed.broadcast_object(
-                    run_eval(tester, exp, val_entries, epoch) if main else None
-                )
+                with clock.phase("validation"):
+                    row["validation"] = distributed.broadcast_object(
+                        run_eval(tester, exp, val_entries, epoch) if main else None
+                    )
                 distributed.sync_rng_state(rng_state, set_rng_state)
                 value = row["validation"][val_split].get(primary)
                 trainer.step_lr_plateau_schedulers(value)
                 if value is not None and (best["value"] is None or value > best["value"]):
                     best = {"epoch": epoch, "value": value}
                     if main:
-                        atomic_torch_save(
-                            {"epoch": epoch, "models": state_dicts(exp.models)},
-                            run_dir / "checkpoints" / "best.pt",
-                        )
+                        with clock.phase("checkpoints"):
+                            atomic_torch_save(
+                                {"epoch": epoch, "models": state_dicts(exp.models)},
+                                run_dir / "checkpoints" / "best.pt",
+                            )
             history.append(row)
             if record_keeper is not None:
                 record_keeper.save_records()
@@ -228,9 +235,10 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx, on_epoc
                 )
                 stopped_early = True
             if main:
-                ckpt = make_checkpoint(exp, epoch, history, best)
-                ckpt["stopped_early"] = stopped_early
-                atomic_torch_save(ckpt, ckpt_path)
+                with clock.phase("checkpoints"):
+                    ckpt = make_checkpoint(exp, epoch, history, best)
+                    ckpt["stopped_early"] = stopped_early
+                    atomic_torch_save(ckpt, ckpt_path)
                 LOGGER.info(epoch_line(row, exp.num_epochs, val_split, primary, best, t_epoch))
             if stopped_early:
                 break
@@ -240,7 +248,7 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx, on_epoc
             if stop and epoch < exp.num_epochs:
                 distributed.barrier()
                 return {"interrupted_after_epoch": epoch, "history": history, "best": best}
-        return _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx)
+        return _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx, clock)
     except Exception as e:
         if main:
             _record_failure(config, run_dir, exp, history, best, e, epoch)
@@ -266,7 +274,7 @@ def epoch_line(row: dict, num_epochs: int, val_split, primary: str, best: dict, 
     return "  ".join(parts)
 
 
-def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx) -> dict:
+def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx, clock) -> dict:
     """Final test with the best validation epoch's weights (the last epoch's without validation)."""
     main = ctx.is_main
     ev = builder.eval_settings(config)
@@ -275,9 +283,10 @@ def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx)
     if best["epoch"] is not None and main:
         load_models(exp.models, run_dir / "checkpoints" / "best.pt")
     final_epoch = best["epoch"] if best["epoch"] is not None else history[-1]["epoch"]
-    test = run_eval(tester, exp, test_entries, final_epoch) if test_entries and main else {}
-    if main:  # eval.revisited test sets (Revisited Oxford / Paris)
-        test = {**test, **revisited_eval(config, exp.models, tester)}
+    with clock.phase("test"):
+        test = run_eval(tester, exp, test_entries, final_epoch) if test_entries and main else {}
+        if main:  # eval.revisited test sets (Revisited Oxford / Paris)
+            test = {**test, **revisited_eval(config, exp.models, tester)}
     test = distributed.broadcast_object(test)
     if not test and val_entries and best["epoch"] is not None:
         test = next(h["validation"] for h in history if h["epoch"] == best["epoch"])
@@ -291,6 +300,7 @@ def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx)
         "history": history,
         "test": test,
         "train_seconds_this_call": time.perf_counter() - t0,
+        "phase_seconds": clock.as_dict(),  # this call's (running/clock.py)
         "run_info": distributed.run_info(ctx, exp.extra.get("amp")),
     }
     if main:
