@@ -9,7 +9,7 @@ The mutation file (YAML) is a list of mappings::
     - file: pml_rank_plugins/samplers/class_pools.py
       original: "items = items[torch.randperm(len(items), generator=generator)[:t].numpy()]"
       replacement: "items = items[:t]"
-      tests: [tests/samplers/test_class_pools.py]
+      tests: [tests/samplers/test_class_pools.py]    # pytest arguments: paths, -k EXPR
       why: taking the first t items of a class instead of a random t   # optional
       expect: survived                                                 # optional, see below
       occurrence: 2                   # optional: the 2nd line with that text (1-based)
@@ -17,7 +17,8 @@ The mutation file (YAML) is a list of mappings::
 ``original`` is the text of exactly one line of ``file`` (compared without its indentation; a
 text found on no line or on several is an error, so a mutation never lands on the wrong line;
 ``occurrence: N`` picks the N-th of several);
-``replacement`` replaces it with the same indentation (``""``: the line becomes ``pass``). For
+``replacement`` replaces it with the same indentation (``""``: the line becomes ``pass``);
+``tests`` are pytest arguments (paths, node ids, ``-k EXPR``). For
 each mutation the script writes the mutated file, runs ``python -m pytest -q -x -n 0
 -p no:cacheprovider <tests>`` and records **caught** (pytest exit status 1: a test failed),
 **survived** (status 0), **error** (any other status: collection or usage error, so nothing was

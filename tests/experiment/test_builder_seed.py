@@ -1,13 +1,15 @@
 """The run's seed reaches the sampler: runs of a comparison that differ only in their seed see
-different batches (a sampler built with a fixed seed would give every seed the same batches)."""
+different batches (a sampler built with a fixed seed would give every seed the same batches);
+and the models are initialized from the seed alone, whatever randomness building the data used."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-from pml_rank_plugins.experiment import builder
-from tests.tiny import tiny_config
+from pml_rank_plugins.experiment import builder, registry
+from tests.tiny import TinyDataset, tiny_config
 
 SAMPLERS = {
     "RandomClassSampler": {"RandomClassSampler": {"samples_per_class": 2}},
@@ -34,3 +36,29 @@ def test_seeds_of_a_comparison_get_different_batches(name):
     assert seed0 != seed1
     # ... and the same seed gives the same batches (the difference is the seed, not chance).
     assert epoch_batches(1, SAMPLERS[name])[1] == seed1
+
+
+class DrawingTinyDataset(TinyDataset):
+    """TinyDataset that also draws ``draws`` numbers from torch's global RNG when built (as a
+    user's dataset may, e.g. for random augmentation parameters)."""
+
+    def __init__(self, draws: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        torch.rand(draws)
+
+
+@pytest.fixture
+def drawing_dataset():
+    registry.register("DrawingTinyDataset", DrawingTinyDataset)
+    yield
+    registry.unregister("DrawingTinyDataset")
+
+
+def test_model_init_does_not_depend_on_the_randomness_the_data_used(drawing_dataset):
+    states = []
+    for draws in (0, 7):
+        cfg = tiny_config()
+        cfg["dataset"] = {"DrawingTinyDataset": {"draws": draws}}
+        states.append(builder.build_experiment(cfg).models["trunk"].state_dict())
+    for key, value in states[0].items():
+        assert torch.equal(value, states[1][key]), key

@@ -120,3 +120,19 @@ def test_each_metric_sits_under_its_label():
         assert cell_value(diffs[name]["ΔMAP@R"]) == pytest.approx(100 * np.mean(d), **close)
         assert cell_value(diffs[name]["ΔP@1"]) == pytest.approx(10 * np.mean(d), **close)
         assert cell_value(diffs[name]["ΔRP"]) == pytest.approx(10 * np.mean(d), **close)
+
+
+def test_failed_and_refused_runs_are_counted_apart(tmp_path):
+    runs = results()
+    runs["A"]["seed8"] = {"failed": True, "error": "RuntimeError: boom"}
+    runs["B"]["seed8"] = {"refused": True, "error": "RunFolderBusy: folder in use"}
+    summary = summarize(runs, reference="ref")
+    rows = {r["method"]: r for r in table_rows(markdown_table(summary), "method | n")}
+    assert rows["A"]["n"] == "8 (1 failed)"
+    assert rows["B"]["n"] == "8 (1 refused)"
+    assert rows["ref"]["n"] == "8"
+    write_csv(summary, tmp_path / "c.csv")
+    with open(tmp_path / "c.csv", newline="") as f:
+        csv_rows = {r["method"]: r for r in csv.DictReader(f)}
+    assert [csv_rows[m]["n_failed"] for m in ("ref", "A", "B")] == ["0", "1", "0"]
+    assert [csv_rows[m]["n_runs"] for m in ("ref", "A", "B")] == ["8", "9", "9"]

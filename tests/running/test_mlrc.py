@@ -93,6 +93,8 @@ def test_mlrc_trains_four_fold_models_and_reports_both(tmp_path):
     for m in ("precision_at_1", "mean_average_precision_at_r"):
         expected = np.mean([f["test"]["test"][m] for f in folds])
         assert saved["test"]["separated"][m] == pytest.approx(expected)
+    assert saved["best"]["epoch"] == [f["best"]["epoch"] for f in folds]
+    assert saved["best"]["value"] == pytest.approx(np.mean([f["best"]["value"] for f in folds]))
     # the protocol's validation history: per epoch, the mean over the folds that ran it
     assert [r["epoch"] for r in saved["history"]] == sorted(
         {r["epoch"] for f in folds for r in f["history"]}
@@ -351,3 +353,29 @@ def test_protocol_history_is_the_mean_over_folds_of_each_epoch():
     assert mlrc._mean_history([[{"epoch": 1, "train_loss": 0.3}], [row(1, 0.6)]]) == [
         {"epoch": 1, "validation": {"val": {"p": 0.6, "q": pytest.approx(0.4)}}}
     ]
+
+
+def test_protocol_best_is_the_mean_of_the_folds_best_values(tmp_path, monkeypatch):
+    # The folds' own runs replaced by results with distinct best values (a tiny real run scores
+    # 1.0 on every fold, which cannot tell a mean from one fold's value).
+    best = [(3, 0.2), (1, 0.5), (2, 0.6), (3, 0.9)]
+
+    def fake_train_run(config, run_dir, *args, **kwargs):
+        epoch, value = best[config["split"]["fold"]]
+        history = [{"epoch": e, "validation": {"val": {"p": value}}} for e in range(1, 4)]
+        return {
+            "epochs_run": 3,
+            "stopped_early": False,
+            "best": {"epoch": epoch, "value": value},
+            "history": history,
+            "test": {"test": {"p": value}},
+        }
+
+    monkeypatch.setattr(mlrc, "train_run", fake_train_run)
+    monkeypatch.setattr(
+        mlrc, "mlrc_test", lambda *a, **k: {"test": {}, "embedding_dim": {"concatenated": 0}}
+    )
+    metrics = mlrc.train_mlrc(glyph_mlrc_config(), tmp_path)
+    assert metrics["best"]["epoch"] == [3, 1, 2, 3]
+    assert metrics["best"]["value"] == pytest.approx(np.mean([v for _, v in best]))
+    assert metrics["history"][0]["validation"]["val"]["p"] == pytest.approx(0.55)
