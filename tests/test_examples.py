@@ -242,13 +242,13 @@ def test_02_category_hard_and_big_batches(tmp_path, notebook_env):
     assert image_outputs(nb)
 
 
-@pytest.mark.slow  # about 70 s on 2 loaded cores (spawned tuning workers)
+@pytest.mark.slow  # 45-70 s on 2 loaded cores (spawned tuning workers)
 def test_03_tune_and_compare_from_python(tmp_path, notebook_env):
     nb, res = execute("03", tmp_path)
     assert sorted(res["tuned"]) == sorted(res["methods"])
     for method, s in res["tuned"].items():
         assert s["n_trials"] == 2 and in_unit_interval(s["best_value"]), (method, s)
-    assert sorted(res["rows"]) == sorted(res["methods"]) and res["failed"] == {}
+    assert sorted(res["rows"]) == sorted(res["methods"]) and res["failed"] == []
     for method, row in res["rows"].items():
         assert row["n"] == res["seeds"] == len(row["values"]), (method, row)
         assert in_unit_interval(row["mean"]) and all(in_unit_interval(v) for v in row["values"])
