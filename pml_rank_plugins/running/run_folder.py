@@ -35,7 +35,15 @@ from typing import Iterator
 LOGGER = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
 # What a run writes into its folder (what ``--overwrite`` removes; nothing else is touched).
-RUN_OUTPUTS = ("config.yaml", "checkpoints", "logs", "tensorboard", "metrics.json", "eval.json")
+RUN_OUTPUTS = (
+    "config.yaml",
+    "checkpoints",
+    "logs",
+    "tensorboard",
+    "metrics.json",
+    "eval.json",
+    "embeddings",  # the final test's, for the pictures (training.save_test_embeddings)
+)
 
 
 class RunFolderError(RuntimeError):

@@ -44,6 +44,7 @@ from .checkpoints import (
 )
 from .clock import PhaseClock
 from .evaluate import revisited_eval, run_eval, split_name
+from .load import save_embeddings
 from .resume import check_resume_config, plateaued
 
 LOGGER = logging.getLogger(__name__)
@@ -185,9 +186,10 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx, on_epoc
 
     record_keeper = tb_writer = tester = hooks = None
     with clock.phase("setup"):
+        keep = KeptEmbeddings()  # the final test's embeddings, for the pictures
         if main:
             record_keeper, tb_writer, hooks = make_logging(run_dir, primary, val_split, resuming)
-            tester = builder.build_tester(config, exp.device, hooks.end_of_testing_hook)
+            tester = builder.build_tester(config, exp.device, keep.hook(hooks.end_of_testing_hook))
         check = nonfinite.NonFiniteCheck(chained=hooks.end_of_iteration_hook if main else None)
         check.watch(exp.models["embedder"])  # the embeddings the losses get
         trainer = builder.make_trainer(exp, end_of_iteration_hook=check)
@@ -248,7 +250,8 @@ def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx, on_epoc
             if stop and epoch < exp.num_epochs:
                 distributed.barrier()
                 return {"interrupted_after_epoch": epoch, "history": history, "best": best}
-        return _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx, clock)
+        timing = (t0, clock, keep)
+        return _finish(config, run_dir, exp, tester, history, best, stopped_early, ctx, timing)
     except Exception as e:
         if main:
             _record_failure(config, run_dir, exp, history, best, e, epoch)
@@ -274,8 +277,10 @@ def epoch_line(row: dict, num_epochs: int, val_split, primary: str, best: dict, 
     return "  ".join(parts)
 
 
-def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx, clock) -> dict:
-    """Final test with the best validation epoch's weights (the last epoch's without validation)."""
+def _finish(config, run_dir, exp, tester, history, best, stopped_early, ctx, timing) -> dict:
+    """Final test with the best validation epoch's weights (the last epoch's without validation).
+    ``timing``: ``(t0, PhaseClock, KeptEmbeddings)`` of the run."""
+    t0, clock, keep = timing
     main = ctx.is_main
     ev = builder.eval_settings(config)
     val_entries = [e for e in list(ev["validation"] or []) if split_name(e) in exp.datasets]
@@ -284,7 +289,12 @@ def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx,
         load_models(exp.models, run_dir / "checkpoints" / "best.pt")
     final_epoch = best["epoch"] if best["epoch"] is not None else history[-1]["epoch"]
     with clock.phase("test"):
+        keep.active = True
         test = run_eval(tester, exp, test_entries, final_epoch) if test_entries and main else {}
+        keep.active = False
+        if test_entries and main:  # the pictures reuse them instead of embedding again
+            ckpt = "best.pt" if best["epoch"] is not None else "latest.pt"
+            save_test_embeddings(run_dir, keep.data, ckpt)
         if main:  # eval.revisited test sets (Revisited Oxford / Paris)
             test = {**test, **revisited_eval(config, exp.models, tester)}
     test = distributed.broadcast_object(test)
@@ -307,6 +317,43 @@ def _finish(config, run_dir, exp, tester, history, best, stopped_early, t0, ctx,
         run_folder.write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
     distributed.barrier()
     return metrics
+
+
+class KeptEmbeddings:
+    """Keeps the embeddings of the test that runs while ``active`` (PML's tester deletes its
+    ``embeddings_and_labels`` when ``test`` returns; its end-of-testing hook still sees them)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.data: dict = {}
+
+    def hook(self, chained):
+        def end_of_testing(tester) -> None:
+            if self.active:
+                self.data = dict(tester.embeddings_and_labels)
+            if chained is not None:
+                chained(tester)
+
+        return end_of_testing
+
+
+def save_test_embeddings(run_dir: Path, embeddings: dict, checkpoint: str) -> None:
+    """``RUN_DIR/embeddings/<split>.npz`` for each split the final test embedded (``{split:
+    (embeddings, labels)}``), tagged with the checkpoint they came from. A bonus for
+    ``compare``'s pictures (:func:`pml_rank_plugins.reporting.retrieval.saved_embeddings`): a
+    failure to write them is logged, never fails the run. O(N D) per split."""
+    try:
+        (run_dir / "embeddings").mkdir(exist_ok=True)
+        for split, (emb, labels) in embeddings.items():
+            save_embeddings(
+                run_dir / "embeddings" / f"{split}.npz",
+                emb.float().cpu().numpy(),
+                labels.cpu().numpy(),
+                split=split,
+                checkpoint=checkpoint,
+            )
+    except (OSError, run_folder.RunFolderError, ValueError, TypeError) as e:
+        LOGGER.warning("%s: test embeddings not saved (%s); pictures embed again", run_dir, e)
 
 
 def _record_failure(config, run_dir: Path, exp, history, best, error: Exception, epoch: int):

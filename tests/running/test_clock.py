@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import numpy as np
+
 from pml_rank_plugins.running import train
 from pml_rank_plugins.running.clock import PhaseClock
 from tests.tiny import tiny_config
@@ -27,3 +29,12 @@ def test_a_run_records_its_phases_within_its_wall_time(tmp_path):
     assert {"setup", "train", "validation", "checkpoints", "test"} <= set(phases)
     assert all(v >= 0 for v in phases.values())
     assert sum(phases.values()) <= metrics["train_seconds_this_call"] + 1e-3
+
+
+def test_a_run_saves_its_test_embeddings_for_the_pictures(tmp_path):
+    train(tiny_config(), tmp_path / "r")
+    (saved,) = (tmp_path / "r" / "embeddings").glob("*.npz")
+    with np.load(saved, allow_pickle=False) as data:
+        assert str(data["checkpoint"]) in ("best.pt", "latest.pt")
+        emb = data["embeddings"]
+        assert emb.dtype == np.float32 and emb.ndim == 2 and len(data["labels"]) == len(emb)
