@@ -282,9 +282,7 @@ def _run(args) -> int:
             print(f"pml-rank: no complete trial for {empty}; see tune.md", file=sys.stderr)
             return 1
     elif args.command == "check":
-        paths = [str(p) for p in _config_paths(args.configs)]
-        configs = _load(collect_methods, paths, args.overrides, _methods(args), _data_root(args))
-        _check_config_devices(args, configs)
+        paths = [str(p) for p in _config_paths(args.configs)]  # builds on --device or the CPU
         with repeated_logs_once():  # "metric_loss has no parameters" once, with a count
             lines = _load(
                 check_configs, paths, args.overrides, _methods(args), args.device, _data_root(args)
