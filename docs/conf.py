@@ -24,16 +24,22 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
-    "myst_parser",
+    "myst_nb",  # MyST Markdown (it loads myst_parser itself) and the example notebooks
 ]
 
-source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+source_suffix = {".md": "myst-nb", ".rst": "restructuredtext", ".ipynb": "myst-nb"}
 root_doc = "index"
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "**/.ipynb_checkpoints"]
 
 # MyST: headings get anchors so pages can link to sections (``page.md#section``).
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
+
+# The example notebooks (docs/notebooks/ links to examples/*.ipynb) are committed with their
+# outputs: render those, never execute (`python examples/run_notebooks.py` refreshes them).
+nb_execution_mode = "off"
+nb_render_markdown_format = "myst"  # the tables the notebooks display as Markdown
+nb_merge_streams = True
 
 # autodoc: members in source order, documented once each (packages re-export from submodules).
 autodoc_member_order = "bysource"

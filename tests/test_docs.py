@@ -40,7 +40,7 @@ def test_readme_links_every_docs_page():
     assert not missing, f"README.md's Documentation section does not link {missing}"
 
 
-@pytest.mark.parametrize("module", ["sphinx", "myst_parser", "furo"])
+@pytest.mark.parametrize("module", ["sphinx", "myst_parser", "myst_nb", "furo"])
 def test_docs_tools_are_installed(module):
     assert (
         importlib.util.find_spec(module) is not None
@@ -49,7 +49,7 @@ def test_docs_tools_are_installed(module):
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    for module in ("sphinx", "myst_parser", "furo"):
+    for module in ("sphinx", "myst_parser", "myst_nb", "furo"):
         assert importlib.util.find_spec(module) is not None, f"{module} is not installed"
     out = tmp_path_factory.mktemp("site")
     proc = subprocess.run(

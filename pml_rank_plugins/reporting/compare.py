@@ -139,7 +139,9 @@ def write_pictures(
         if job is not None:
             todo.append((name, job))
     out = {}
-    bar = {"desc": "pictures", "unit": "method", "disable": not todo}
+    bar = {"desc": "pictures", "unit": "method"}
+    if not todo:  # an explicit False would override TQDM_DISABLE=1
+        bar["disable"] = True
     with logging_redirect_tqdm():
         for name, job in tqdm.tqdm(todo, **bar):
             t0 = time.perf_counter()

@@ -345,7 +345,9 @@ def execute(
     for job in jobs:
         results.setdefault(job.name, {})[job.run_id] = {}
     # only rank 0 draws the bar under torchrun; log lines are printed above it, not through it
-    bar = {"desc": desc, "unit": "run", "disable": not distributed.is_main_process()}
+    bar = {"desc": desc, "unit": "run"}
+    if not distributed.is_main_process():  # an explicit False would override TQDM_DISABLE=1
+        bar["disable"] = True
     with logging_redirect_tqdm(), repeated_logs_once():
         if n_jobs == 1 or len(jobs) <= 1:
             for job in tqdm.tqdm(jobs, **bar):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import matplotlib.colors
 import matplotlib.text
@@ -17,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from pytorch_metric_learning.testers import base_tester
 
 from pml_rank_plugins.functional import ranked_average_precision
-from pml_rank_plugins.reporting import compare, retrieval, style
+from pml_rank_plugins.reporting import compare, retrieval, retrieval_grid, style
 from pml_rank_plugins.running.load import embed, load_run, save_embeddings
 from tests.tiny import TinyDataset, tiny_config
 
@@ -173,7 +174,9 @@ def test_grid_geometry_gives_every_tile_its_width():
     assert width == pytest.approx(6 * retrieval.TILE_INCHES)
     assert 0 < adjust["left"] < adjust["right"] < 1 and 0 < adjust["bottom"] < adjust["top"] < 1
     tile_w = width * (adjust["right"] - adjust["left"]) / (6 + 5 * adjust["wspace"])
-    assert tile_w == pytest.approx((width - 2 * retrieval.SIDE_IN - 5 * retrieval.COL_GAP_IN) / 6)
+    assert tile_w == pytest.approx(
+        (width - 2 * retrieval_grid.SIDE_IN - 5 * retrieval_grid.COL_GAP_IN) / 6
+    )
 
 
 def _mtimes(folder):
@@ -279,6 +282,8 @@ def test_saved_test_embeddings_are_reused_only_for_their_checkpoint(tmp_path, mo
     fast = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
     compare.run_comparison(cfg, out, overrides=fast, pictures=False)
     run = out / "Contrastive" / "seed0"
+    assert (run / "embeddings" / "test.npz").exists()  # the run saved its final test's
+    shutil.rmtree(run / "embeddings")  # first without them: embedded again
     embedded = retrieval.compute_retrieval(run)
     loaded = load_run(run)
     emb, labels = embed(loaded, "test")
