@@ -29,7 +29,7 @@ extensions = [
 
 source_suffix = {".md": "myst-nb", ".rst": "restructuredtext", ".ipynb": "myst-nb"}
 root_doc = "index"
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "**/.ipynb_checkpoints"]
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "**/.ipynb_checkpoints", "study/**"]  # study/: data
 
 # MyST: headings get anchors so pages can link to sections (``page.md#section``).
 myst_heading_anchors = 3
