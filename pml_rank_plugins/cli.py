@@ -10,7 +10,8 @@ pml-rank sweep CONFIG --method NAME --grid KEY=V1,V2 [--grid ...] [--seeds N] [-
 pml-rank check CONFIG... [--data-root DIR] [--set key=value ...]   # build everything, no training
 pml-rank tune CONFIG [--methods A,B] [--trials N] [--storage URL] [--jobs K] [--out DIR]
 pml-rank compare CONFIG --tuned DIR [--seeds S]   # the tuned methods on fresh seeds
-pml-rank list [SUBSTRING]      # names the registry resolves, and what they resolve to (exit 1: none)
+pml-rank list [SUBSTRING] [--kind KIND]   # names the registry resolves, grouped by kind (losses,
+    miners, samplers, trainers, datasets, models, optimizers, other), and what they resolve to
 Every command that reads configs or run folders takes --data-root DIR (default $PML_RANK_DATA),
 --device (cpu, cuda, cuda:N, mps) and --allow-module MODULE; train/compare/sweep/check take --set.
 torchrun --nproc_per_node=R -m pml_rank_plugins train|compare ...   # R processes, one
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("PML", "faiss", "fontTools"):
             logging.getLogger(name).setLevel(logging.WARNING)
     try:
-        rc = _list(args.substring) if args.command == "list" else _guarded(args)
+        rc = _list(args.substring, args.kind) if args.command == "list" else _guarded(args)
         sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
         return rc
     except BrokenPipeError:
@@ -329,18 +330,28 @@ def _argument(fn, *args, errors=(ValueError, OSError), **kwargs):
         raise _BadArgument(str(e)) from e
 
 
-def _list(substring: str) -> int:
-    """One line per name: what to write in a config, and the class it resolves to; exit status 1
-    (and a line on stderr) when nothing matches."""
-    from .experiment import listing
+def _list(substring: str, kind: str | None = None) -> int:
+    """The resolvable names grouped by kind (a ``losses:`` header, then one indented line per
+    name: what to write in a config, and the class it resolves to), only ``kind``'s group when
+    given; exit status 1 (and a line on stderr) when nothing matches."""
+    from .experiment.registry import grouped_listing
 
     needle = substring.lower()
-    found = [(n, t) for n, t in listing() if needle in n.lower() or needle in t.lower()]
-    for name, target in found:
-        print(f"{name:40s} {target}")
+    found = 0
+    for group, rows in grouped_listing().items():
+        if kind is not None and group != kind:
+            continue
+        rows = [(n, t) for n, t in rows if needle in n.lower() or needle in t.lower()]
+        if not rows:
+            continue
+        print(f"{group}:" if not found else f"\n{group}:")
+        for name, target in rows:
+            print(f"  {name:40s} {target}")
+        found += len(rows)
     if not found:
+        where = f" among the {kind}" if kind else ""
         hint = "`pml-rank list` shows them all"
-        print(f"pml-rank: no name or target contains {substring!r}; {hint}", file=sys.stderr)
+        print(f"pml-rank: no name or target{where} contains {substring!r}; {hint}", file=sys.stderr)
     return 0 if found else 1
 
 

@@ -14,6 +14,19 @@ DEVICE_FORMS = "cpu, cuda, cuda:N or mps"
 CONFIG_HELP = "YAML file or shipped config name, e.g. default, omniglot or configs/default.yaml"
 CONFIGS_HELP = "YAML files or shipped config names, e.g. default or ablations/fastap_bins"
 
+# The groups of `pml-rank list`; the same tuple as experiment.registry.KINDS (kept here so that
+# argument errors answer without importing torch; a test checks the two agree).
+LIST_KINDS = (
+    "losses",
+    "miners",
+    "samplers",
+    "trainers",
+    "datasets",
+    "models",
+    "optimizers",
+    "other",
+)
+
 EPILOG = """examples:
   pml-rank compare default --out runs/default           # shipped config, every method
   pml-rank train configs/default.yaml --method "plugin FastAP" --out runs/fastap
@@ -22,6 +35,7 @@ EPILOG = """examples:
   pml-rank eval runs/fastap --which latest
   pml-rank embed runs/fastap --split test --out test.npz
   pml-rank list FastAP
+  pml-rank list --kind losses
 """
 
 
@@ -285,7 +299,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_stats(sw, "cell")
     add_common(sw)
 
-    ls = sub.add_parser("list", help="list resolvable names, e.g. pml-rank list FastAP")
+    ls = sub.add_parser(
+        "list", help="list resolvable names by kind, e.g. pml-rank list --kind losses"
+    )
     what = "show names or targets containing it (any case), e.g. FastAP"
     ls.add_argument("substring", nargs="?", default="", help=what)
+    ls.add_argument(
+        "--kind",
+        choices=LIST_KINDS,
+        metavar="KIND",
+        help=f"only names of this kind ({', '.join(LIST_KINDS)}), e.g. --kind losses",
+    )
     return p

@@ -122,9 +122,10 @@ def test_config_mistakes_exit_2_with_a_clear_message(tmp_path, config_file, caps
 def test_list_shows_the_plugins_classes_with_the_name_to_use(capsys):
     assert main(["list", "FastAP"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    names = [line.split()[0] for line in lines]
+    assert lines[0] == "losses:"
+    names = [line.split()[0] for line in lines[1:]]
     assert names == ["FastAPLoss", "pml_rank_plugins.FastAPLoss"]
-    assert lines[1].split()[1] == "pml_rank_plugins.losses.fastap.FastAPLoss"
+    assert lines[2].split()[1] == "pml_rank_plugins.losses.fastap.FastAPLoss"
 
 
 def _cli(*args, **kwargs):

@@ -51,6 +51,12 @@ import inspect
 from types import ModuleType
 from typing import Any, Callable
 
+import torch
+from pytorch_metric_learning.losses import BaseMetricLossFunction, MultipleLosses
+from pytorch_metric_learning.losses.base_loss_wrapper import BaseLossWrapper
+from pytorch_metric_learning.miners import BaseMiner
+from pytorch_metric_learning.trainers import BaseTrainer
+
 from .allowlist import (  # noqa: F401 -- re-exported: registry.allow_modules is the public API
     _MODULE_NAME,
     _OWN_NAMESPACES,
@@ -141,20 +147,90 @@ def all_names() -> dict[str, str]:
     return out
 
 
-def listing() -> list[tuple[str, str]]:
+KINDS = ("losses", "miners", "samplers", "trainers", "datasets", "models", "optimizers", "other")
+# (kind, base classes), first match wins: a loss is an nn.Module too, so losses come before models.
+# Losses are PML's metric losses, PML's loss wrappers (CrossBatchMemory, SelfSupervisedLoss),
+# MultipleLosses, and torch's own losses (``torch.nn.modules.loss._Loss``).
+_KIND_BASES: tuple[tuple[str, tuple[type, ...]], ...] = (
+    (
+        "losses",
+        (BaseMetricLossFunction, BaseLossWrapper, MultipleLosses, torch.nn.modules.loss._Loss),
+    ),
+    ("miners", (BaseMiner,)),
+    ("samplers", (torch.utils.data.Sampler,)),
+    ("trainers", (BaseTrainer,)),
+    ("datasets", (torch.utils.data.Dataset,)),
+    ("models", (torch.nn.Module,)),
+    ("optimizers", (torch.optim.Optimizer,)),
+)
+# torch Modules that are not models: image transforms and PML's distances/reducers/regularizers.
+_NOT_MODELS = (
+    "torchvision.transforms",
+    "pytorch_metric_learning.distances",
+    "pytorch_metric_learning.reducers",
+    "pytorch_metric_learning.regularizers",
+)
+
+
+def kind_of(obj: Callable) -> str:
+    """The :data:`KINDS` entry of a resolvable object, decided by its class.
+
+    A class is classified by ``issubclass`` against :data:`_KIND_BASES` (first match wins). A
+    factory function is classified by its return annotation when that is a class (torchvision's
+    ``resnet18() -> ResNet`` is a model). Image transforms and PML's distances, reducers and
+    regularizers are ``torch.nn.Module`` subclasses but not models: they, plain functions,
+    schedulers, testers, ... are ``"other"``.
+    """
+    cls = obj
+    if not inspect.isclass(cls):
+        try:
+            cls = inspect.signature(obj).return_annotation
+        except (TypeError, ValueError):  # builtins without a signature
+            return "other"
+    if not inspect.isclass(cls):
+        return "other"
+    for kind, bases in _KIND_BASES:
+        if issubclass(cls, bases):
+            if kind == "models" and is_under(str(getattr(obj, "__module__", "")), _NOT_MODELS):
+                return "other"
+            return kind
+    return "other"
+
+
+def _rows() -> list[tuple[str, str, Callable]]:
+    """``(name, target, object)`` for :func:`listing`, sorted by bare name, PML's entry first."""
+    rows: dict[str, tuple[str, Callable]] = {}
+    for table in (_USER, pml_names(), plugin_names(), torch_names()):
+        for n, obj in table.items():
+            rows.setdefault(n, (f"{getattr(obj, '__module__', '?')}.{n}", obj))
+    out = [(n, target, obj) for n, (target, obj) in rows.items()]
+    for n, obj in plugin_names().items():
+        target = f"{getattr(obj, '__module__', '?')}.{n}"
+        if rows[n][0] != target:
+            out.append((f"{PLUGIN_PREFIXES[1]}{n}", target, obj))
+    return sorted(out, key=lambda r: (r[0].rpartition(".")[2].lower(), "." in r[0]))
+
+
+def listing(kind: str | None = None) -> list[tuple[str, str]]:
     """``(name to write in a config, what it resolves to)`` for every resolvable class.
 
     Unlike :func:`all_names`, a plugin class whose bare name is taken by PML (``FastAPLoss``,
     ``RankedListLoss``, ``CrossBatchMemory``) is listed too, under ``pml_rank_plugins.Name``.
-    Sorted by bare name, PML's entry before ours.
+    Sorted by bare name, PML's entry before ours. With ``kind`` (one of :data:`KINDS`), only the
+    names of that kind (see :func:`kind_of`); an unknown kind raises ``ValueError`` listing them.
     """
-    bare = all_names()
-    rows = list(bare.items())
-    for n, obj in plugin_names().items():
-        target = f"{getattr(obj, '__module__', '?')}.{n}"
-        if bare.get(n) != target:
-            rows.append((f"{PLUGIN_PREFIXES[1]}{n}", target))
-    return sorted(rows, key=lambda r: (r[0].rpartition(".")[2].lower(), "." in r[0]))
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+    return [(n, t) for n, t, obj in _rows() if kind is None or kind_of(obj) == kind]
+
+
+def grouped_listing() -> dict[str, list[tuple[str, str]]]:
+    """:func:`listing` grouped by kind: ``{kind: rows}`` in :data:`KINDS` order (every kind
+    present, possibly empty)."""
+    groups: dict[str, list[tuple[str, str]]] = {k: [] for k in KINDS}
+    for n, t, obj in _rows():
+        groups[kind_of(obj)].append((n, t))
+    return groups
 
 
 def register(name: str, obj: Callable, override: bool = False) -> Callable:
