@@ -3,6 +3,7 @@
 # a time, sequentially, one torch thread. Run from the repository root:
 #   scripts/run_ablations.sh                          # all five claims, 5 seeds each
 #   scripts/run_ablations.sh fastap_bins batch_size   # a subset
+#   SEEDS=10 scripts/run_ablations.sh rll_query_weighting   # claim 6, at the study budget (its header)
 # Environment: PML_RANK_DATA, the data root holding omniglot/images_background_small1.zip
 # (default ../shared/data; passed as --data-root), OMNIGLOT_ZIP (optional: that zip anywhere else,
 # passed as --set dataset.OmniglotDataset.path=...), SEEDS (default 5), OUT (default
@@ -17,7 +18,7 @@ PY=${PYTHON:-python}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 CLAIMS=("$@")
 if [ ${#CLAIMS[@]} -eq 0 ]; then
-  CLAIMS=(hard_vs_random map_q_vs_t rll_margin_tn fastap_bins batch_size)
+  CLAIMS=(hard_vs_random map_q_vs_t rll_margin_tn fastap_bins batch_size rll_query_weighting)
 fi
 EXTRA=()
 if [ "${RESUME:-0}" = 1 ]; then EXTRA+=(--resume); fi

@@ -33,6 +33,7 @@ VARIED = {
     "map_q_vs_t": {"loss_funcs"},
     "rll_margin_tn": {"loss_funcs"},
     "batch_size": {"trainer", "sampler"},
+    "rll_query_weighting": {"loss_funcs"},
 }
 
 
