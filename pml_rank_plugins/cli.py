@@ -32,7 +32,7 @@ import re
 import sys
 from pathlib import Path
 
-from .cli_args import DEVICE_FORMS, build_parser
+from .cli_args import DEVICE_FORMS, LIST_KINDS, build_parser
 
 # Only the standard library at module level: `--help` and argument errors answer without importing
 # torch, PML, scipy or matplotlib (seconds); the commands import the subpackages when they run.
@@ -334,14 +334,12 @@ def _list(substring: str, kind: str | None = None) -> int:
     """The resolvable names grouped by kind (a ``losses:`` header, then one indented line per
     name: what to write in a config, and the class it resolves to), only ``kind``'s group when
     given; exit status 1 (and a line on stderr) when nothing matches."""
-    from .experiment.registry import grouped_listing
+    from .experiment import listing
 
     needle = substring.lower()
     found = 0
-    for group, rows in grouped_listing().items():
-        if kind is not None and group != kind:
-            continue
-        rows = [(n, t) for n, t in rows if needle in n.lower() or needle in t.lower()]
+    for group in LIST_KINDS if kind is None else (kind,):
+        rows = [(n, t) for n, t in listing(group) if needle in n.lower() or needle in t.lower()]
         if not rows:
             continue
         print(f"{group}:" if not found else f"\n{group}:")

@@ -224,15 +224,6 @@ def listing(kind: str | None = None) -> list[tuple[str, str]]:
     return [(n, t) for n, t, obj in _rows() if kind is None or kind_of(obj) == kind]
 
 
-def grouped_listing() -> dict[str, list[tuple[str, str]]]:
-    """:func:`listing` grouped by kind: ``{kind: rows}`` in :data:`KINDS` order (every kind
-    present, possibly empty)."""
-    groups: dict[str, list[tuple[str, str]]] = {k: [] for k in KINDS}
-    for n, t, obj in _rows():
-        groups[kind_of(obj)].append((n, t))
-    return groups
-
-
 def register(name: str, obj: Callable, override: bool = False) -> Callable:
     """Make ``obj`` (a class or factory) resolvable as ``name`` in configs; returns ``obj``.
 

@@ -4,5 +4,12 @@ from .cross_batch_memory import CrossBatchMemory
 from .fastap import FastAPLoss
 from .quantized_ap import QuantizedAPLoss
 from .ranked_list import RankedListLoss
+from .self_supervised import SelfSupervisedLoss
 
-__all__ = ["CrossBatchMemory", "FastAPLoss", "QuantizedAPLoss", "RankedListLoss"]
+__all__ = [
+    "CrossBatchMemory",
+    "FastAPLoss",
+    "QuantizedAPLoss",
+    "RankedListLoss",
+    "SelfSupervisedLoss",
+]

@@ -21,7 +21,8 @@ class FastAPLoss(HistogramAPLoss):
     supported). Drop-in signature: PML's ``FastAPLoss(num_bins=10, **kwargs)``; float16/bfloat16
     embeddings give the loss in their dtype, as PML's (computed in float32). With a memory bank
     use :class:`pml_rank_plugins.losses.CrossBatchMemory`: PML's own refuses this class by name
-    ("CrossBatchMemory not supported for FastAPLoss").
+    ("CrossBatchMemory not supported for FastAPLoss"); likewise
+    :class:`pml_rank_plugins.losses.SelfSupervisedLoss` instead of PML's.
 
     A query whose list has positives but no negative -- e.g. when a miner mined it none -- has
     ``FastAP_i = 1`` exactly (eq. 14 with ``H_l = H+_l``: every prefix of its list is all

@@ -30,7 +30,7 @@ class QuantizedAPLoss(HistogramAPLoss):
     Cost as :class:`~pml_rank_plugins.losses.FastAPLoss`: O(N M d + N M) time, O(threads *
     chunk * M) floats + N M bytes of memory plus the ``(N, 2, num_bins)`` histograms. With a
     memory bank use :class:`pml_rank_plugins.losses.CrossBatchMemory` (PML's refuses this class
-    by name).
+    by name); likewise :class:`pml_rank_plugins.losses.SelfSupervisedLoss` instead of PML's.
 
     Args:
         num_bins: number of bins ``M`` (2 to ``MAX_NUM_BINS`` = 4096; paper default 20).

@@ -52,7 +52,8 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
     is the paper's ``L_P + lam L_N`` (PML's default ``imbalance=0.5`` is ``0.5 *`` ours with
     ``lam=1``); ``ref_emb`` and ``indices_tuple`` are supported. With a memory bank use
     :class:`pml_rank_plugins.losses.CrossBatchMemory`: PML's own refuses this class by name
-    ("CrossBatchMemory not supported for RankedListLoss").
+    ("CrossBatchMemory not supported for RankedListLoss"); likewise
+    :class:`pml_rank_plugins.losses.SelfSupervisedLoss` instead of PML's.
 
     Args:
         margin: positives are pulled within ``alpha - margin`` (>= 0, < ``alpha``).
