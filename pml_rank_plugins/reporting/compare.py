@@ -1,6 +1,6 @@
 """Side-by-side comparison: several methods x several seeds -> tables with 95% CIs, paired tests.
 
-Every (method, seed) is an ordinary run in ``OUT/<method>/seed<i>``
+Every (method, seed) is an ordinary run in ``OUT/<method>/seed<S>`` (``S``: the seed it trains)
 (:func:`pml_rank_plugins.running.runner.train`, through the worker pool of
 :mod:`pml_rank_plugins.running.pool`); runs of different methods with the same seed are *paired* (same data order, same initial weights where
 the model config is shared). The table reports, per method and test metric (at the best

@@ -197,8 +197,8 @@ def summarize_dir(out_dir: str | Path, reference: str | None = None, write: bool
 
 
 def _first_config(out_dir: Path, name: str) -> dict | None:
-    """The saved config of ``name``'s first run folder (``OUT/<slug>/seed0``...; any run's when
-    that folder has none)."""
+    """The saved config of ``name``'s first run folder (the lowest seed: ``OUT/<slug>/seed0``...;
+    any run's when that folder has none)."""
     files = sorted((out_dir / slug(name)).glob("*/config.yaml"), key=lambda p: _run_order(p.parent))
     files = files or sorted(out_dir.glob("*/*/config.yaml"))
     return load_yaml(files[0]) if files else None

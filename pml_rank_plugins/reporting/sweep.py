@@ -4,11 +4,12 @@
 ["5", "10", "20"]}, seeds=3, out_dir="runs/bins")`` trains every grid cell (an ordinary
 ``--set KEY=VALUE`` override per key) with the same seeds ``seed, seed+1, ...``, so cells are
 compared on paired runs exactly like methods in :mod:`.compare`. Outputs in ``out_dir``:
-``<cell>/seed<i>/`` run folders, ``sweep.md``, ``sweep.csv`` (percent), ``sweep.json`` (every
-number; same statistics as ``compare``: 95% t intervals, paired differences vs the reference
-cell, t-test and Wilcoxon p) and ``sweep_<key>.png`` (primary metric vs each grid key with 95%
-bands; one line per combination of the other keys). ``resume`` skips finished runs; a folder that
-already holds runs is refused unless ``overwrite`` (the policy of :func:`.compare.run_comparison`).
+``<cell>/seed<S>/`` run folders (``S``: the seed), ``sweep.md``, ``sweep.csv`` (percent),
+``sweep.json`` (every number; same statistics as ``compare``: 95% t intervals, paired
+differences vs the reference cell, t-test and Wilcoxon p) and ``sweep_<key>.png`` (primary metric
+vs each grid key with 95% bands; one line per combination of the other keys). ``resume`` skips
+finished runs; a folder that already holds runs is refused unless ``overwrite`` (the policy of
+:func:`.compare.run_comparison`).
 Under torchrun every rank trains every run and rank 0 alone writes the files.
 """
 

@@ -1,6 +1,7 @@
 """What a run of ``compare``/``sweep`` is, and what its result means.
 
-A :class:`Job` is one (name, seed) run in ``OUT/<slug(name)>/seed<i>`` (:func:`make_jobs`), a
+A :class:`Job` is one (name, seed) run in ``OUT/<slug(name)>/seed<S>``, named after the seed
+``S`` it trains with (:func:`make_jobs`), a
 folder that must stay inside ``--out`` (:func:`check_inside`). Its result is ``metrics.json``'s
 content, a failure record (:func:`is_failed`; also written to ``RUN_DIR/failed.json``) or a
 refused record (:func:`is_refused`: the run never started because its folder was busy or unsafe,
@@ -10,6 +11,7 @@ and nothing of it is on disk). :mod:`.pool` runs jobs.
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -18,11 +20,13 @@ from ..experiment.methods import check_folders, slug
 from . import run_folder
 
 FAILED_FILE = "failed.json"
+LOGGER = logging.getLogger(__name__)
 
 
 @dataclass
 class Job:
-    """One training run: ``name`` (method or sweep cell), ``run_id`` (``seed<i>``), config, its
+    """One training run: ``name`` (method or sweep cell), ``run_id`` (``seed<S>``, ``S`` the
+    config's seed), config, its
     folder, and the ``--out`` that folder must stay inside (``None``: not checked)."""
 
     name: str
@@ -35,8 +39,11 @@ class Job:
 def make_jobs(configs: Mapping[str, dict], out_dir: Path, seeds: int) -> list[Job]:
     """Seeds ``seed, seed+1, ...`` (the config's ``seed`` plus the run index) for every config.
 
-    Every run folder is ``OUT/<slug(name)>/seed<i>`` and must resolve inside ``out_dir``
-    (:func:`.run_folder.inside`).
+    Every run folder is ``OUT/<slug(name)>/seed<S>``, ``S`` the seed it trains with (so
+    ``compare --tuned``, which trains on the seeds after the tuning seed, writes ``seed1``,
+    ``seed2``, ...), and must resolve inside ``out_dir`` (:func:`.run_folder.inside`). The folder
+    name is the run id that pairs runs across methods; methods starting from different seeds
+    share no run id, so they are not paired (a warning says so).
 
     Raises:
         ConfigError: a name whose folder would not be one (empty, ``..``) or two names with one
@@ -48,14 +55,23 @@ def make_jobs(configs: Mapping[str, dict], out_dir: Path, seeds: int) -> list[Jo
     out_dir = Path(out_dir)
     check_folders(configs, kind="run", strict=False)
     jobs = []
+    first_seeds: dict[str, int] = {}
     for name, base in configs.items():
+        first_seeds[name] = int(base.get("seed", 0))
         for i in range(seeds):
             cfg = copy.deepcopy(base)
-            cfg["seed"] = int(cfg.get("seed", 0)) + i
+            cfg["seed"] = first_seeds[name] + i
             cfg["name"] = name
-            job = Job(name, f"seed{i}", cfg, out_dir / slug(name) / f"seed{i}", out_dir)
+            run_id = f"seed{cfg['seed']}"
+            job = Job(name, run_id, cfg, out_dir / slug(name) / run_id, out_dir)
             check_inside(job)
             jobs.append(job)
+    if len(set(first_seeds.values())) > 1:
+        LOGGER.warning(
+            "the runs start from different seeds (%s): runs are paired by seed, so runs of "
+            "different seeds are not compared pairwise",
+            ", ".join(f"{n}: {s}" for n, s in first_seeds.items()),
+        )
     return jobs
 
 

@@ -1,6 +1,7 @@
 """Many runs: jobs (method x seed), the ``--jobs K`` worker pool, and failure isolation.
 
-Every (method, seed) is an ordinary :func:`.runner.train` run in ``OUT/<method>/seed<i>``.
+Every (method, seed) is an ordinary :func:`.runner.train` run in ``OUT/<method>/seed<S>``
+(``S``: the seed it trains).
 :func:`execute` runs a list of :class:`Job` in this process or in ``K`` ``spawn`` worker processes;
 a run that raises (crash, non-finite loss, a bad object) is recorded in ``RUN_DIR/failed.json``
 and returned as a failure record (:func:`is_failed`), and the other runs complete. Each run holds
@@ -319,7 +320,7 @@ def execute(
     ``n_jobs > 1`` runs them in that many ``spawn`` worker processes (each with the parent's
     torch thread count and registered names, so results equal a sequential run); worker ``k``
     uses GPU ``k mod #GPUs`` when the device is ``cuda`` and several GPUs are visible.
-    Every run's log lines carry its label (``[name seed<i>] ...``, :func:`run_label`); workers'
+    Every run's log lines carry its label (``[name seed<S>] ...``, :func:`run_label`); workers'
     lines are printed by this process, workers draw no progress bars and exit if this process
     dies; lines repeated across runs are printed once with a count (:func:`repeated_logs_once`).
 

@@ -31,12 +31,13 @@ def test_tune_then_compare_tuned_uses_the_best_parameters_on_fresh_seeds(tmp_pat
     args = ["compare", path, "--tuned", str(tmp_path / "t"), "--out", str(tmp_path / "c")]
     assert main(args + ["--seeds", "2"]) == 0
     for i in range(2):
-        run = load_yaml(tmp_path / "c" / "plugin_FastAP" / f"seed{i}" / "config.yaml")
+        seed = cfg["seed"] + 1 + i  # fresh: every trial trained with seed 0
+        run = load_yaml(tmp_path / "c" / "plugin_FastAP" / f"seed{seed}" / "config.yaml")
         opt = run["optimizers"]["trunk_optimizer"]["Adam"]["lr"]
         bins = run["loss_funcs"]["metric_loss"]["pml_rank_plugins.FastAPLoss"]["num_bins"]
         assert opt == best["optimizers.trunk_optimizer.lr"]
         assert bins == best["loss_funcs.metric_loss.num_bins"]
-        assert run["seed"] == cfg["seed"] + 1 + i  # fresh: every trial trained with seed 0
+        assert run["seed"] == seed  # the folder is named after the seed it holds
         assert "tune" not in run
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
     assert summary["tuned_from"] == str(tmp_path / "t")
@@ -123,7 +124,7 @@ def test_compare_tuned_trains_the_budget_it_was_tuned_at(tmp_path, capsys):
 
     compare = ["compare", path, "--tuned", tune_out, "--seeds", "1"]
     assert main(compare + ["--out", str(tmp_path / "c0")]) == 0
-    assert run_config_epochs(tmp_path / "c0" / "plugin_FastAP" / "seed0") == 1  # not the file's 2
+    assert run_config_epochs(tmp_path / "c0" / "plugin_FastAP" / "seed1") == 1  # not the file's 2
     capsys.readouterr()
 
     assert main(compare + ["--out", str(tmp_path / "c1"), "--set", "trainer.num_epochs=2"]) == 2
@@ -135,7 +136,7 @@ def test_compare_tuned_trains_the_budget_it_was_tuned_at(tmp_path, capsys):
 
     allow = ["--out", str(tmp_path / "c3"), "--set", "trainer.num_epochs=2"]
     assert main(compare + allow + ["--allow-budget-change"]) == 0
-    assert run_config_epochs(tmp_path / "c3" / "plugin_FastAP" / "seed0") == 2
+    assert run_config_epochs(tmp_path / "c3" / "plugin_FastAP" / "seed1") == 2
     summary = json.loads((tmp_path / "c3" / "summary.json").read_text())
     change = summary["budget_changes"]["plugin FastAP"][0]
     assert (change["key"], change["tuned"], change["used"]) == (

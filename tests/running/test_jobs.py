@@ -50,3 +50,22 @@ def test_result_kinds_are_exclusive():
     finished = {"status": "finished", "test": {}}
     assert not jobs_module.is_failed(finished) and not jobs_module.is_refused(finished)
     assert pool.is_refused is jobs_module.is_refused and pool.Job is jobs_module.Job  # re-exported
+
+
+def test_run_folders_are_named_after_the_seed_they_hold(tmp_path, caplog):
+    # compare --tuned trains on the seeds after the tuning seed: seed 1, 2 -> seed1/, seed2/.
+    out = tmp_path / "out"
+    jobs = pool.make_jobs({"A": one_epoch(seed=1), "B": one_epoch(seed=1)}, out, seeds=2)
+    assert [(j.name, j.run_id, j.config["seed"]) for j in jobs] == [
+        ("A", "seed1", 1),
+        ("A", "seed2", 2),
+        ("B", "seed1", 1),
+        ("B", "seed2", 2),
+    ]
+    assert all(j.run_dir == out / j.name / j.run_id for j in jobs)
+    assert "different seeds" not in caplog.text
+    # Methods starting from different seeds share no run id (runs are paired by seed): said.
+    with caplog.at_level("WARNING", logger="pml_rank_plugins.running.jobs"):
+        jobs = pool.make_jobs({"A": one_epoch(seed=0), "B": one_epoch(seed=5)}, out, seeds=1)
+    assert [j.run_id for j in jobs] == ["seed0", "seed5"]
+    assert "different seeds (A: 0, B: 5)" in caplog.text
