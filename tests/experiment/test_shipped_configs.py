@@ -107,7 +107,7 @@ def built_wheel(tmp_path_factory):
     repo = CONFIGS.parent
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "CITATION.cff"):  # license-files
         shutil.copy(repo / name, src / name)
     shutil.copytree(
         repo / "pml_rank_plugins",
