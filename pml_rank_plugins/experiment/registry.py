@@ -23,7 +23,7 @@ the string into a Python callable by searching, in this order:
       ``torchvision.models``.
 
 **Collision rule.** Where PML and the plugin both define a name (``FastAPLoss``,
-``RankedListLoss``), the bare name keeps **PML's** meaning, so an existing PML config behaves
+``RankedListLoss``, ``CrossBatchMemory``, ``SelfSupervisedLoss``), the bare name keeps **PML's** meaning, so an existing PML config behaves
 exactly as before; the plugin's class is reached as ``pml_rank_plugins.FastAPLoss`` or
 ``plugin:FastAPLoss``. Names only the plugin defines (``QuantizedAPLoss``, ``GlyphDataset``,
 ``CategoryHardSampler``, ...) resolve bare. :func:`register` refuses a name that already resolves
@@ -215,7 +215,7 @@ def listing(kind: str | None = None) -> list[tuple[str, str]]:
     """``(name to write in a config, what it resolves to)`` for every resolvable class.
 
     Unlike :func:`all_names`, a plugin class whose bare name is taken by PML (``FastAPLoss``,
-    ``RankedListLoss``, ``CrossBatchMemory``) is listed too, under ``pml_rank_plugins.Name``.
+    ``RankedListLoss``, ``CrossBatchMemory``, ...) is listed too, under ``pml_rank_plugins.Name``.
     Sorted by bare name, PML's entry before ours. With ``kind`` (one of :data:`KINDS`), only the
     names of that kind (see :func:`kind_of`); an unknown kind raises ``ValueError`` listing them.
     """
