@@ -15,7 +15,7 @@ pml-rank list [SUBSTRING] [--kind KIND]   # names the registry resolves, grouped
 Every command that reads configs or run folders takes --data-root DIR (default $PML_RANK_DATA),
 --device (cpu, cuda, cuda:N, mps) and --allow-module MODULE; train/compare/sweep/check take --set.
 torchrun --nproc_per_node=R -m pml_rank_plugins train|compare ...   # R processes, one
-    global batch (trainer.batch_size) split over them; see the README's "Scaling" section
+    global batch (trainer.batch_size) split over them; see the "Scaling" page of the docs
 
 CONFIG is a YAML file or the name of a shipped config (``default``, ``omniglot``,
 ``ablations/fastap_bins``, ``benchmarks/mlrc_cub200``, ...); a file wins.

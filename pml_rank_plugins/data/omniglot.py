@@ -30,8 +30,12 @@ class OmniglotDataset(InMemoryImageDataset):
             :class:`~pml_rank_plugins.data.GlyphDataset`; Omniglot's PNGs are black on white.
 
     Attributes:
-        images: uint8 ``(N, S, S)``; labels: int64 ``(N, 2)``; class_names
-        (``"Alphabet/characterNN"``); category_names (alphabets); paths (member/file names).
+        images: uint8 ``(N, S, S)`` array, ``S = image_size``.
+        labels: int64 ``(N, 2)`` array: ``[:, 0]`` the character (class), ``[:, 1]`` the alphabet
+            (category).
+        class_names: ``"Alphabet/characterNN"`` per class id.
+        category_names: the alphabet per category id.
+        paths: each image's zip member or file name, in row order.
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """Experiment configs: YAML loading, merging, ``--set`` overrides, method expansion, validation.
 
 A config is one YAML mapping in powerful-benchmarker's shape (see ``configs/default.yaml`` and
-the README). Objects are written ``{ClassName: {kwargs}}`` (an *object spec*); kwargs may hold
+:doc:`/configs`). Objects are written ``{ClassName: {kwargs}}`` (an *object spec*); kwargs may hold
 further object specs (distances, reducers, transforms). A ``methods:`` mapping turns one file
 into several experiments: each method is a partial config deep-merged over the rest of the file.
 

@@ -47,7 +47,7 @@ class CrossBatchMemory(PMLCrossBatchMemory):
       self-comparisons (PML returns a plain tuple, so ``RankedListLoss`` silently fell back to
       its own ``Tn``); combining weighted pairs with an extra ``indices_tuple`` is a
       ``ValueError`` (the extra pairs would have no weight);
-    * clear ``ValueError``s at the call for a batch (or ``enqueue_mask`` selection) larger than
+    * a clear ``ValueError`` at the call for a batch (or ``enqueue_mask`` selection) larger than
       ``memory_size`` (PML: a bare ``AssertionError``, or silent overwriting), embeddings whose
       width is not ``embedding_size``, and non-integer sizes.
     """

@@ -17,7 +17,7 @@ class FastAPLoss(HistogramAPLoss):
     kernel of width ``4 / num_bins`` (the authors' and PML's convention; values outside ``[0, 4]``
     from round-off saturate into the end bins); ``FastAP_i = (1/N+_i) sum_l h+_l H+_l / H_l``
     (FastAP eq. 14). Values equal PML's ``FastAPLoss`` on batches where PML is defined (see
-    docs/migrating.md for the differences: ``indices_tuple`` restricts lists here, ``ref_emb`` is
+    :doc:`/migrating` for the differences: ``indices_tuple`` restricts lists here, ``ref_emb`` is
     supported). Drop-in signature: PML's ``FastAPLoss(num_bins=10, **kwargs)``; float16/bfloat16
     embeddings give the loss in their dtype, as PML's (computed in float32). With a memory bank
     use :class:`pml_rank_plugins.losses.CrossBatchMemory`: PML's own refuses this class by name

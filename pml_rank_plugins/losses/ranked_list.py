@@ -46,7 +46,7 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
 
     Drop-in for PML's ``RankedListLoss(margin, Tn, imbalance=0.5, alpha=None, Tp=0)``: same
     positional order and keywords, same meaning (``RankedListLoss(0.4, 10)`` is ``margin=0.4,
-    Tn=10``). Differences (docs/ranked-list.md, docs/migrating.md): the weights are constants (no
+    Tn=10``). Differences (:doc:`/ranked-list`, :doc:`/migrating`): the weights are constants (no
     gradient through them, as in the authors' code), so every mined negative is pushed away at any
     ``Tn``; weights are a masked softmax (no overflow, no epsilon); without ``imbalance`` the loss
     is the paper's ``L_P + lam L_N`` (PML's default ``imbalance=0.5`` is ``0.5 *`` ours with
