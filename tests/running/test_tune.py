@@ -90,6 +90,14 @@ def test_two_methods_three_trials_then_resume_to_five(tmp_path):
     )
     assert (out / "tune.md").read_text().count("| plugin FastAP |") == 1
     assert (out / "tune_history.png").stat().st_size > 0
+    # the study names its objective (optuna-dashboard shows it) and carries its budget
+    study = optuna.load_study(study_name="plugin FastAP", storage=tuning.default_storage(out))
+    assert study.metric_names == ["validation mean_average_precision_at_r"]
+    attrs = study.user_attrs
+    assert attrs["objective"] == "validation mean_average_precision_at_r at the best epoch"
+    assert attrs["config_hash"] == on_disk["methods"]["plugin FastAP"]["config_hash"]
+    assert attrs["config"] == on_disk["methods"]["plugin FastAP"]["config"]
+    assert attrs["config"]["trainer"]["MetricLossOnly"]["num_epochs"] == 2
 
     again = run_tune([glyph_config()], out, trials=5)
     for method, s in again["methods"].items():
