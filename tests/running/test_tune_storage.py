@@ -124,8 +124,9 @@ SLOW_TUNE = textwrap.dedent("""
     """)
 
 
-def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
-    out = tmp_path / "t"
+def start_slow_tune(out: Path) -> subprocess.Popen:
+    """:data:`SLOW_TUNE` into ``out`` in its own session, returned once its first trial wrote a
+    checkpoint (so it is in the middle of training)."""
     proc = subprocess.Popen(
         [sys.executable, "-c", SLOW_TUNE, str(out)],
         cwd=ROOT,
@@ -133,15 +134,21 @@ def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    try:
-        deadline = time.time() + 120
-        while not (out / "PML_Contrastive" / "trial0" / "checkpoints" / "latest.pt").exists():
-            assert time.time() < deadline, "the first trial never wrote a checkpoint"
-            assert proc.poll() is None, "the tune process ended early"
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    deadline = time.time() + 120
+    while not (out / "PML_Contrastive" / "trial0" / "checkpoints" / "latest.pt").exists():
+        if time.time() > deadline or proc.poll() is not None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail("the slow tune ended early or never wrote its first checkpoint")
+        time.sleep(0.2)
+    return proc
+
+
+def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
+    out = tmp_path / "t"
+    proc = start_slow_tune(out)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
     storage = tuning.default_storage(out)
     running = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
     assert [t.state for t in running] == [TrialState.RUNNING]
@@ -167,19 +174,8 @@ def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
 def test_kill_9_of_tune_leaves_no_worker_behind(tmp_path):
     # Audit 3 item 2: the spawned worker trained on, orphaned, after its parent was killed.
     out = tmp_path / "t"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SLOW_TUNE, str(out)],
-        cwd=ROOT,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_slow_tune(out)
     try:
-        deadline = time.time() + 120
-        while not (out / "PML_Contrastive" / "trial0" / "checkpoints" / "latest.pt").exists():
-            assert time.time() < deadline, "the first trial never wrote a checkpoint"
-            assert proc.poll() is None, "the tune process ended early"
-            time.sleep(0.2)
         storage = tuning.default_storage(out)
         (trial,) = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
         worker = trial.user_attrs["pid"]
