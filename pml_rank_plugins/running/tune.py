@@ -128,8 +128,10 @@ def trial_config(job: TuneJob, params: Mapping[str, Any], number: int) -> dict:
 def train_trial(trial: optuna.Trial, config: dict, run_dir: Path, device: str | None) -> float:
     """Train one trial; report each validated epoch to the pruner (and a progress line). Returns
     the objective; raises :class:`optuna.TrialPruned` when the pruner stopped it (after that
-    epoch's checkpoint)."""
+    epoch's checkpoint), and ``UpdateFinishedTrialError`` when another command finished the
+    trial (the run stops after that epoch's checkpoint, as a killed one; no failure record)."""
     epochs = _num_epochs(config)
+    finished: list[optuna.exceptions.UpdateFinishedTrialError] = []
 
     def report(row: dict) -> bool:
         value = _row_value(config, row) if row.get("validation") else None
@@ -138,11 +140,17 @@ def train_trial(trial: optuna.Trial, config: dict, run_dir: Path, device: str | 
         LOGGER.info(
             "[%s] epoch %s/%s: validation %.4f", config.get("name"), row["epoch"], epochs, value
         )
-        trial.report(value, row["epoch"])
+        try:
+            trial.report(value, row["epoch"])
+        except optuna.exceptions.UpdateFinishedTrialError as e:
+            finished.append(e)  # raised below, not inside the run (it would record a failure)
+            return True
         return trial.should_prune()
 
     on_epoch = None if is_mlrc(config) else report  # MLRC's epochs are per fold: not pruned
     m = runner.train(config, run_dir, device=device, on_epoch=on_epoch)
+    if finished:
+        raise finished[0]
     if "interrupted_after_epoch" in m:
         raise optuna.TrialPruned(f"pruned after epoch {m['interrupted_after_epoch']}")
     value = (m.get("best") or {}).get("value")
