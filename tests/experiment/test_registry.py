@@ -44,11 +44,11 @@ def test_collision_bare_is_pml_prefixed_is_plugin():
 
 
 def test_real_collisions_follow_the_rule():
-    """The names both PML and the plugin export are exactly these three; shared names stay
+    """The names both PML and the plugin export are exactly these four; shared names stay
     PML's bare and are ours with the prefix; every other plugin name resolves bare to ours."""
     pml, ours = registry.pml_names(), registry.plugin_names()
     shared = set(pml) & set(ours)
-    assert shared == {"CrossBatchMemory", "FastAPLoss", "RankedListLoss"}
+    assert shared == {"CrossBatchMemory", "FastAPLoss", "RankedListLoss", "SelfSupervisedLoss"}
     for name in shared:
         assert registry.resolve(name) is pml[name]
         assert registry.resolve(f"plugin:{name}") is ours[name]
