@@ -85,9 +85,10 @@ def trial_folder(job: TuneJob, number: int) -> Path:
 
 
 def fail_interrupted_trials(study: optuna.Study, job: TuneJob) -> list[int]:
-    """Mark FAIL every RUNNING trial of this machine whose owner process is gone and whose run
-    folder is not locked; returns their numbers. Trials of other machines are left to their
-    owners; a trial whose ``run_dir`` lies outside ``--out`` (a tampered storage) is refused."""
+    """Mark FAIL (with a warning) every RUNNING trial of this machine whose owner process is gone
+    and whose run folder is not locked; returns their numbers. Call it under :func:`ask_lock`:
+    a trial in the middle of :func:`_ask` has no ``pid`` yet. Trials of other machines are left
+    to their owners; a ``run_dir`` outside ``--out`` (a tampered storage) is refused."""
     failed = []
     out = job.out_dir.resolve()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -110,6 +111,7 @@ def fail_interrupted_trials(study: optuna.Study, job: TuneJob) -> list[int]:
             except run_folder.RunFolderBusy:
                 continue  # a live process trains it
         study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)  # noqa: SLF001
+        LOGGER.warning("[%s] trial %d was interrupted; marked failed", job.method, t.number)
         failed.append(t.number)
     return failed
 
@@ -315,11 +317,10 @@ def tune(
     results, studies = {}, {}
     for method, cfg in configs.items():
         job = TuneJob(method, copy.deepcopy(cfg), budgets[method], url, out_dir, device)
-        with ask_lock(job):  # two tunes started together create the storage once
+        with ask_lock(job):  # storage created once; every trial asked has its owner (_ask)
             study = open_study(job)
             digest = bind_budget(study, job)
-        for number in fail_interrupted_trials(study, job):
-            LOGGER.warning("[%s] trial %d was interrupted; marked failed", method, number)
+            fail_interrupted_trials(study, job)
         t0 = time.perf_counter()
         left = job.trials - len(study.get_trials(deepcopy=False))
         if left > 0:

@@ -15,6 +15,7 @@ so the owner exits 1.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import multiprocessing as mp
 import os
@@ -354,3 +355,27 @@ def test_a_trial_finished_by_another_command_before_its_tell_stops_the_worker(
         f"[{METHOD}] trial 0 was finished by another command"
     )
     assert [t.state for t in study.get_trials()] == [TrialState.FAIL]
+
+
+def test_interrupted_trials_are_judged_under_the_ask_lock(tmp_path, monkeypatch):
+    # Audit 3 item 4, the same-directory race: between `study.ask()` and recording its owner,
+    # a trial has a run_dir but no pid; another `tune` judging it then would mark it FAIL.
+    # `_ask` records the owner under the ask lock, so `tune` must judge under it too.
+    judged_with_lock_held = []
+    real = tuning.fail_interrupted_trials
+
+    def spy(study, job):
+        fd = os.open(job.out_dir / tuning.ASK_LOCK, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: must block
+            judged_with_lock_held.append(False)
+        except BlockingIOError:
+            judged_with_lock_held.append(True)
+        finally:
+            os.close(fd)
+        return real(study, job)
+
+    monkeypatch.setattr(tuning, "fail_interrupted_trials", spy)
+    monkeypatch.setattr(tuning, "_run_workers", lambda job, jobs: None)
+    tuning.tune(collect_tune_methods([contrastive_only()]), tmp_path / "t", trials=1)
+    assert judged_with_lock_held == [True]
