@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -114,9 +115,17 @@ def write_tune_outputs(
     for method, study in studies.items():
         plots += write_importance(study, out_dir / f"importance_{slug(method)}.png", method)
     summary["plots"] = [str(p) for p in plots]
-    (out_dir / TUNE_FILE).write_text(json.dumps(summary, indent=2))
-    (out_dir / "tune.md").write_text(markdown(summary, primary))
+    # whole files or none: two tunes finishing together must not interleave their writes
+    _replace_text(out_dir / TUNE_FILE, json.dumps(summary, indent=2))
+    _replace_text(out_dir / "tune.md", markdown(summary, primary))
     return plots
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def best_so_far(study: optuna.Study) -> tuple[list[int], list[float]]:

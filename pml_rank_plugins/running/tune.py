@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import optuna
+import sqlalchemy
 import torch
 from optuna.trial import TrialState
 
@@ -352,6 +353,11 @@ def _run_workers(job: TuneJob, jobs: int) -> None:
                 raise StorageError(
                     f"[{job.method}] a tune worker died ({e}); rerun the same command to "
                     "continue (its trial is marked failed)"
+                ) from e
+            except sqlalchemy.exc.SQLAlchemyError as e:  # disk full, locked, server gone
+                raise StorageError(
+                    f"--storage {public_url(job.storage)}: {type(e).__name__}: "
+                    f"{str(e).splitlines()[0]}; rerun the same command to continue"
                 ) from e
 
 
