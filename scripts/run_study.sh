@@ -5,12 +5,16 @@
 # finished runs and continues interrupted ones). Run from the repository root:
 #   scripts/run_study.sh                    # every phase, in order
 #   scripts/run_study.sh probe              # one phase: probe | tune | tuned | defaults | publish
+#   scripts/run_study.sh snapshot           # before a session ends: the tuning state into docs/
 # Phases:
 #   probe     convergence probe: 3 methods x 3 seeds, up to 60 epochs, patience 10, no test split
 #   tune      30 TPE trials per method (the config's tune section), --jobs 2
 #   tuned     the best setting of each method, 10 seeds (seeds 1-10), test at the best epoch
 #   defaults  each method at its default setting on the same 10 seeds (paired with `tuned`)
 #   publish   copy the small outputs (json, md, csv, figures; never checkpoints) to docs/study/
+#   snapshot  copy runs/study/tune/tune.db to docs/study/tune/tune.db (consistent, running trials
+#             marked failed in the copy) so a later session continues the studies; `tune` restores
+#             it by itself when runs/study/tune/tune.db is missing (scripts/study_snapshot.py)
 # Environment: PML_RANK_DATA (default ../shared/data), OUT (default runs/study), JOBS (default
 # 2), PYTHON (default .venv/bin/python if present, else python). One torch thread per run.
 set -euo pipefail
@@ -37,7 +41,10 @@ phase() {
         --jobs "$JOBS" --resume --out "$OUT/probe" \
         --set trainer.num_epochs=60 --set eval.patience=10 --set 'eval.test=[]' ;;
     tune)
+      "$PYTHON" scripts/study_snapshot.py restore "$OUT" docs/study
       cli tune "$CONFIG" --data-root "$DATA_ROOT" --jobs "$JOBS" --out "$OUT/tune" ;;
+    snapshot)
+      "$PYTHON" scripts/study_snapshot.py snapshot "$OUT" docs/study ;;
     tuned)
       cli compare "$CONFIG" --data-root "$DATA_ROOT" --tuned "$OUT/tune" --seeds 10 \
         --jobs "$JOBS" --resume --out "$OUT/tuned" ;;
@@ -53,7 +60,8 @@ phase() {
           -o -name '*.png' \) ! -name '.*' -exec cp {} "docs/study/$part/" \;
       done
       "$PYTHON" scripts/study_report.py "$OUT" docs/study ;;
-    *) echo "run_study.sh: unknown phase $1 (probe, tune, tuned, defaults, publish)" >&2; exit 2 ;;
+    *) echo "run_study.sh: unknown phase $1 (probe, tune, tuned, defaults, publish, snapshot)" >&2
+       exit 2 ;;
   esac
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -197,6 +198,7 @@ def test_busy_folder_two_compares_jobs_2_on_one_out(tmp_path):
         assert json.loads((run / "metrics.json").read_text())["status"] == "finished"
     # every run was trained by one command; the other one refused it (busy, or already filled)
     # or, having come second to an --out that already held runs, refused everything up front
-    refused = sum(e.count(" refused: ") for e in errs)
+    # one line per refused run ("run A/seed0 refused: ..."), not the closing "2 run(s) refused"
+    refused = sum(len(re.findall(r"\brun \S+/seed\d+ refused: ", e)) for e in errs)
     up_front = sum("already hold runs" in e for e in errs)
     assert refused == 4 or up_front == 1, errs

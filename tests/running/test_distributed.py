@@ -145,6 +145,7 @@ def test_rank0_writes_one_metrics_json_and_one_tensorboard_log(two_process_runs)
         ".lock",  # rank 0's run-folder lock (one file, whatever the world size)
         "checkpoints",
         "config.yaml",
+        "embeddings",  # the final test's, for the pictures
         "logs",
         "metrics.json",
         "tensorboard",
