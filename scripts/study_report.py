@@ -1,6 +1,12 @@
-"""Small reports of the Omniglot study (scripts/run_study.sh publish): the convergence probe.
+"""Small reports of the Omniglot study (scripts/run_study.sh publish): the convergence probe and
+the tuning's progress.
 
     python scripts/study_report.py runs/study docs/study
+
+Tuning progress (``DOCS/tune/progress.md``), read from ``OUT/tune/tune.db`` while the studies
+run (``tune.json`` is written only when every method is done): per method, trials by state, the
+best validation value, its trial and parameters, and the epochs trained (each trial's last
+reported epoch, summed).
 
 Reads ``OUT/probe/<method>/seed<i>/metrics.json`` (validation primary metric per epoch) and
 writes ``DOCS/probe/convergence.json``, ``convergence.md`` and ``probe_curves.png``:
@@ -23,6 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import optuna  # noqa: E402
 
 TOLERANCE = 0.005  # 0.5 points of the primary metric (a fraction)
 
@@ -118,7 +125,48 @@ def plot(curves: dict, report: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def tune_progress(out: Path) -> str:
+    """The Markdown table of the tuning's progress (see the module docstring)."""
+    db = out / "tune" / "tune.db"
+    storage = optuna.storages.RDBStorage(f"sqlite:///{db.resolve()}")
+    lines = [
+        "| method | trials | complete | pruned | failed | running | best (%) | best trial | "
+        "epochs trained | best parameters |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for summary in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        trials = study.get_trials(deepcopy=False)
+        count = {
+            s: sum(t.state.name == s for t in trials)
+            for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
+        }
+        epochs = sum(max(t.intermediate_values, default=0) for t in trials)
+        done = [t for t in trials if t.state.name == "COMPLETE"]
+        best = max(done, key=lambda t: t.value) if done else None
+        params = ", ".join(
+            (
+                f"`{k.rsplit('.', 1)[-1]}`={v:.4g}"
+                if isinstance(v, float)
+                else f"`{k.rsplit('.', 1)[-1]}`={v}"
+            )
+            for k, v in (best.params if best else {}).items()
+        )
+        lines.append(
+            f"| {summary.study_name} | {len(trials)} | {count['COMPLETE']} | {count['PRUNED']} | "
+            f"{count['FAIL']} | {count['RUNNING']} | "
+            f"{'-' if best is None else f'{100 * best.value:.2f}'} | "
+            f"{'-' if best is None else best.number} | {epochs} | {params or '-'} |"
+        )
+    storage.engine.dispose()
+    return "\n".join(lines) + "\n"
+
+
 def main(out: str, docs: str) -> int:
+    if (Path(out) / "tune" / "tune.db").is_file():
+        target = Path(docs) / "tune"
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "progress.md").write_text(tune_progress(Path(out)))
     probe = Path(out) / "probe"
     curves = load_curves(probe, "mean_average_precision_at_r")
     if not curves:

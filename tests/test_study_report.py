@@ -6,6 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import optuna
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,3 +49,23 @@ def test_main_writes_the_report_from_run_folders(tmp_path):
     report = json.loads((tmp_path / "docs" / "probe" / "convergence.json").read_text())
     assert report["budget_epochs"] == 2 and report["methods"]["m"]["seeds"] == 2
     assert (tmp_path / "docs" / "probe" / "probe_curves.png").stat().st_size > 0
+
+
+def test_tune_progress_counts_states_best_and_epochs(tmp_path):
+    (tmp_path / "tune").mkdir()
+    url = f"sqlite:///{tmp_path / 'tune' / 'tune.db'}"
+    study = optuna.create_study(storage=url, study_name="m", direction="maximize")
+    for value, epochs in ((0.5, 3), (0.7, 2)):
+        trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+        for epoch in range(1, epochs + 1):
+            trial.report(value, epoch)
+        study.tell(trial, value)
+    pruned = study.ask()
+    pruned.report(0.1, 1)
+    study.tell(pruned, state=optuna.trial.TrialState.PRUNED)
+    study.ask()  # running
+    table = study_report.tune_progress(tmp_path)
+    row = next(line for line in table.splitlines() if line.startswith("| m |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:9] == ["4", "2", "1", "0", "1", "70.00", "1", "6"]
+    assert cells[9].startswith("`lr`=")
