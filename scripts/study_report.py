@@ -31,6 +31,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
+from pml_rank_plugins.running.study import is_interrupted  # noqa: E402
+
 TOLERANCE = 0.005  # 0.5 points of the primary metric (a fraction)
 
 
@@ -130,17 +132,21 @@ def tune_progress(out: Path) -> str:
     db = out / "tune" / "tune.db"
     storage = optuna.storages.RDBStorage(f"sqlite:///{db.resolve()}")
     lines = [
-        "| method | trials | complete | pruned | failed | running | best (%) | best trial | "
-        "epochs trained | best parameters |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| method | trials | complete | pruned | failed | running | interrupted | best (%) | "
+        "best trial | epochs trained | best parameters |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for summary in optuna.get_all_study_summaries(storage):
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         trials = study.get_trials(deepcopy=False)
+        # interrupted trials (killed, session ended) hold no outcome and do not count toward the
+        # budget (running.study.is_interrupted): "trials" and "failed" leave them out
+        stopped = sum(is_interrupted(t) for t in trials)
         count = {
             s: sum(t.state.name == s for t in trials)
             for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
         }
+        count["FAIL"] -= stopped
         epochs = sum(max(t.intermediate_values, default=0) for t in trials)
         done = [t for t in trials if t.state.name == "COMPLETE"]
         best = max(done, key=lambda t: t.value) if done else None
@@ -153,8 +159,8 @@ def tune_progress(out: Path) -> str:
             for k, v in (best.params if best else {}).items()
         )
         lines.append(
-            f"| {summary.study_name} | {len(trials)} | {count['COMPLETE']} | {count['PRUNED']} | "
-            f"{count['FAIL']} | {count['RUNNING']} | "
+            f"| {summary.study_name} | {len(trials) - stopped} | {count['COMPLETE']} | "
+            f"{count['PRUNED']} | {count['FAIL']} | {count['RUNNING']} | {stopped} | "
             f"{'-' if best is None else f'{100 * best.value:.2f}'} | "
             f"{'-' if best is None else best.number} | {epochs} | {params or '-'} |"
         )

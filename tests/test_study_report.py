@@ -63,9 +63,16 @@ def test_tune_progress_counts_states_best_and_epochs(tmp_path):
     pruned = study.ask()
     pruned.report(0.1, 1)
     study.tell(pruned, state=optuna.trial.TrialState.PRUNED)
+    failed = study.ask()  # failed with an outcome: counts
+    failed.set_user_attr("error", "NonFiniteError: loss is nan")
+    study.tell(failed, state=optuna.trial.TrialState.FAIL)
+    killed = study.ask()  # interrupted: recorded failed, does not count
+    killed.set_user_attr("error", "interrupted: session ended")
+    study.tell(killed, state=optuna.trial.TrialState.FAIL)
     study.ask()  # running
     table = study_report.tune_progress(tmp_path)
     row = next(line for line in table.splitlines() if line.startswith("| m |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1:9] == ["4", "2", "1", "0", "1", "70.00", "1", "6"]
-    assert cells[9].startswith("`lr`=")
+    # trials, complete, pruned, failed, running, interrupted, best, best trial, epochs
+    assert cells[1:10] == ["5", "2", "1", "1", "1", "1", "70.00", "1", "6"]
+    assert cells[10].startswith("`lr`=")

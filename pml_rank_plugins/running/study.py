@@ -195,10 +195,32 @@ def ask_lock(job: TuneJob) -> Iterator[None]:
         os.close(fd)  # releases the flock
 
 
+INTERRUPTED_PREFIX = "interrupted"
+
+
+def is_interrupted(trial: optuna.trial.FrozenTrial) -> bool:
+    """True for a FAIL trial that did not fail but was interrupted (its process was killed or the
+    session ended): such a trial holds no outcome, so it does not count toward the study's
+    ``--trials`` (every method gets the same number of finished trials). A trial that raised
+    records its ``error`` before it is told FAIL; an interrupted one has no ``error`` (killed
+    before this rule existed) or one starting with ``"interrupted"``."""
+    if trial.state != TrialState.FAIL:
+        return False
+    error = trial.user_attrs.get("error")
+    return error is None or str(error).startswith(INTERRUPTED_PREFIX)
+
+
+def counted_trials(study: optuna.Study) -> int:
+    """The trials that count toward ``--trials``: every trial but the interrupted ones."""
+    return sum(not is_interrupted(t) for t in study.get_trials(deepcopy=False))
+
+
 def study_summary(study: optuna.Study, wall_seconds: float, config: Mapping) -> dict:
     """One method's entry of ``tune.json``: ``best_params`` (key path -> value), ``best_value``,
-    ``best_trial``, ``n_trials`` (every trial: complete + pruned + failed + running),
-    ``states`` (count per state), ``wall_seconds`` (this call), ``seed`` (every trial's),
+    ``best_trial``, ``n_trials`` (the trials that count: complete + pruned + failed + running,
+    interrupted ones apart), ``n_interrupted`` (FAIL trials whose process was killed, see
+    :func:`is_interrupted`), ``states`` (count per state, interrupted ones included in
+    ``fail``), ``wall_seconds`` (this call), ``seed`` (every trial's),
     ``direction`` (always ``maximize``); :func:`tune` adds ``config``, ``config_hash`` and
     ``data_root``."""
     trials = study.get_trials(deepcopy=False)
@@ -211,7 +233,8 @@ def study_summary(study: optuna.Study, wall_seconds: float, config: Mapping) -> 
         "best_params": dict(best.params) if best else None,
         "best_value": best.value if best else None,
         "best_trial": best.number if best else None,
-        "n_trials": len(trials),
+        "n_trials": sum(not is_interrupted(t) for t in trials),
+        "n_interrupted": sum(is_interrupted(t) for t in trials),
         "states": states,
         "wall_seconds": wall_seconds,
         "seed": int(config.get("seed", 0)),

@@ -66,10 +66,13 @@ from .run_folder import StorageError
 from .study import (  # noqa: F401 -- re-exported: tune's public names
     ASK_LOCK,
     DEFAULT_PRIMARY,
+    INTERRUPTED_PREFIX,
     TuneJob,
     ask_lock,
     bind_budget,
+    counted_trials,
     default_storage,
+    is_interrupted,
     make_storage,
     open_study,
     public_url,
@@ -111,6 +114,10 @@ def fail_interrupted_trials(study: optuna.Study, job: TuneJob) -> list[int]:
                     pass
             except run_folder.RunFolderBusy:
                 continue  # a live process trains it
+        # recorded as interrupted, so the trial does not count toward --trials (is_interrupted)
+        study._storage.set_trial_user_attr(  # noqa: SLF001
+            t._trial_id, "error", f"{INTERRUPTED_PREFIX}: its process {pid} is gone"  # noqa: SLF001
+        )
         study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)  # noqa: SLF001
         LOGGER.warning("[%s] trial %d was interrupted; marked failed", job.method, t.number)
         failed.append(t.number)
@@ -178,9 +185,10 @@ def _row_value(config: dict, row: dict) -> float | None:
 
 def _ask(job: TuneJob, study: optuna.Study) -> tuple[optuna.Trial, Path] | None:
     """Under the ask lock: a new trial with its absolute run folder and owner recorded, or None
-    when the study holds ``job.trials``."""
+    when the study holds ``job.trials`` trials that count (interrupted ones do not:
+    :func:`~.study.counted_trials`)."""
     with ask_lock(job):
-        if len(study.get_trials(deepcopy=False)) >= job.trials:
+        if counted_trials(study) >= job.trials:
             return None
         trial = study.ask()
         run_dir = trial_folder(job, trial.number)
@@ -323,7 +331,7 @@ def tune(
             digest = bind_budget(study, job)
             fail_interrupted_trials(study, job)
         t0 = time.perf_counter()
-        left = job.trials - len(study.get_trials(deepcopy=False))
+        left = job.trials - counted_trials(study)
         if left > 0:
             _run_workers(job, min(jobs, left))
         # reloaded: the workers added the trials through their own connections

@@ -202,3 +202,32 @@ def test_jobs_are_capped_at_the_trials_left(tmp_path, monkeypatch):
     configs = collect_methods([glyph_config()], methods=["PML Contrastive"])
     tuning.tune(configs, tmp_path / "t", trials=1, jobs=8)
     assert started == [1]
+
+
+def _frozen(state: TrialState, **attrs) -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(
+        state=state,
+        value=0.5 if state == TrialState.COMPLETE else None,
+        params={},
+        distributions={},
+        user_attrs=attrs,
+    )
+
+
+@pytest.mark.parametrize(
+    "state, attrs, interrupted",
+    [
+        (TrialState.COMPLETE, {}, False),
+        (TrialState.PRUNED, {}, False),
+        (TrialState.FAIL, {"error": "ValueError: loss is nan at step 3"}, False),  # an outcome
+        (TrialState.FAIL, {}, True),  # killed before the rule recorded a reason
+        (TrialState.FAIL, {"error": "interrupted: session ended"}, True),  # study_snapshot
+        (TrialState.FAIL, {"error": "interrupted: its process 12 is gone"}, True),
+    ],
+)
+def test_only_interrupted_trials_do_not_count_toward_the_budget(state, attrs, interrupted):
+    assert tuning.is_interrupted(_frozen(state, **attrs)) is interrupted
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(_frozen(TrialState.COMPLETE))
+    study.add_trial(_frozen(state, **attrs))
+    assert tuning.counted_trials(study) == (1 if interrupted else 2)

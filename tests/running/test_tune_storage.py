@@ -159,13 +159,19 @@ def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
     cfg["tune"]["pruner"] = {"ThresholdPruner": {"lower": 0.99, "n_warmup_steps": 0}}
     summary = run_tune([cfg], out, trials=3)
     trials = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
-    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.PRUNED, TrialState.PRUNED]
+    # the interrupted trial is recorded failed but does not count toward --trials: every
+    # method of a study gets the same number of trials with an outcome (issue 27)
+    assert [t.state for t in trials] == [TrialState.FAIL] + [TrialState.PRUNED] * 3
+    assert trials[0].user_attrs["error"].startswith("interrupted: its process")
     assert summary["methods"]["PML Contrastive"]["n_trials"] == 3
+    assert summary["methods"]["PML Contrastive"]["n_interrupted"] == 1
+    assert summary["methods"]["PML Contrastive"]["states"] == {"fail": 1, "pruned": 3}
     # new trials got new folders; the interrupted trial's folder was not reused
     assert sorted(p.name for p in (out / "PML_Contrastive").iterdir()) == [
         "trial0",
         "trial1",
         "trial2",
+        "trial3",
     ]
     assert not (out / "PML_Contrastive" / "trial0" / "metrics.json").exists()
     assert (out / "PML_Contrastive" / "trial1" / "checkpoints" / "latest.pt").exists()
