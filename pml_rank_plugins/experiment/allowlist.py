@@ -58,9 +58,6 @@ TORCH_MODULES = (
 _OWN_NAMESPACES = (*PLUGIN_SUBPACKAGES, "pml_rank_plugins.utils")
 # Modules (and their submodules) whose objects a config may name without any allowance.
 NAMESPACES = (*PML_MODULES, *_OWN_NAMESPACES, *TORCH_MODULES)
-# Paths a dotted name may go through to reach an object of NAMESPACES: the deprecated alias
-# package (``pml_rank_plugins.config.splits.query_gallery_split``).
-ALIAS_PATHS = ("pml_rank_plugins.config",)
 # Never nameable, not even after allow_modules(): they run commands, load code or touch files.
 DENIED_MODULES = (
     "os",
@@ -203,7 +200,7 @@ def check_path(name: str, module_name: str, where: str) -> None:
             "never be named (it runs commands, loads code or touches files; not even with "
             "--allow-module). Wrap what you need in a class and register() it in Python"
         )
-    if not is_under(module_name, NAMESPACES + ALIAS_PATHS + _user_allowed(where)):
+    if not is_under(module_name, NAMESPACES + _user_allowed(where)):
         raise UnknownNameError(
             f"{where}{name!r} is not allowed: module {module_name!r} is outside the namespaces a "
             f"config may name ({', '.join(_SHORT_NAMESPACES)}); {ALLOW_HINT}"

@@ -39,8 +39,6 @@ from ..data.splits import mlrc_protocol
 from . import registry
 from .schema import ConfigError, spec_name_and_kwargs
 
-# --------------------------------------------------------------------------- MLRC: config
-
 
 def _split_function(config: dict):
     split = {k: v for k, v in (config.get("split") or {}).items() if k not in _SPLIT_KEYS}

@@ -5,14 +5,15 @@
 saves and loads run state, ``resume`` says what may change on ``--resume``, ``run_folder`` holds
 the folder's lock and overwrite rules, ``nonfinite`` stops a run at the first NaN/inf,
 ``distributed`` is the torchrun glue, ``pool`` runs many jobs (``--jobs K``) with failure
-isolation and ``load`` hands a trained run's models to the user (``load_run``, ``embed``,
-``pml-rank embed``).
+isolation (``console`` labels and folds their log lines) and ``load`` hands a trained run's
+models to the user (``load_run``, ``embed``, ``pml-rank embed``).
 
 Import direction: imports :mod:`pml_rank_plugins.experiment`; imported by
 :mod:`pml_rank_plugins.reporting`.
 """
 
 from .checkpoints import CheckpointError, atomic_torch_save, choose_checkpoint, load_checkpoint
+from .console import repeated_logs_once
 from .distributed import (
     barrier,
     is_main_process,
@@ -24,7 +25,7 @@ from .evaluate import evaluate_run, read_run_config
 from .load import LoadedRun, embed, embeddings_files, load_run, save_embeddings
 from .mlrc import evaluate_mlrc, train_mlrc
 from .nonfinite import NonFiniteCheck, NonFiniteError
-from .pool import FAILED_FILE, Job, execute, is_failed, make_jobs, repeated_logs_once, run_job
+from .pool import FAILED_FILE, Job, execute, is_failed, make_jobs, run_job
 from .run_folder import DiskFullError, RunFolderBusy, RunFolderError, StorageError
 from .runner import evaluate, train
 from .training import train_run

@@ -11,11 +11,9 @@ failed, nothing written or removed there), and a ``failed.json`` is only ever wr
 by the run that holds the folder. Every run folder stays inside ``--out``
 (:func:`.run_folder.inside`).
 
-Console: every log line of a run starts with its name (``[plugin FastAP seed1] epoch 3/6 ...``);
-``spawn`` workers send their log records to the parent, which prints them through its own
-logging configuration, show no progress bars of their own (the parent shows one for all runs),
-and exit when the parent dies. A line that repeats across runs is printed once, with the count
-at the end (:func:`repeated_logs_once`).
+Workers show no progress bars of their own (the parent shows one for all runs), exit when the
+parent dies, and send their log lines to the parent (:mod:`.console`: each line labelled with its
+run, repeated lines folded).
 """
 
 from __future__ import annotations
@@ -28,10 +26,9 @@ import logging.handlers
 import multiprocessing as mp
 import os
 import socket
-import threading
 import time
 import traceback
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 import tqdm
@@ -39,6 +36,14 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..experiment import registry
 from . import distributed, run_folder, runner
+from .console import (
+    ToParentLoggers,
+    child_environment,
+    log_to_parent,
+    logger_levels,
+    repeated_logs_once,
+    run_label,
+)
 from .jobs import FAILED_FILE, Job, check_inside, is_failed, is_refused, make_jobs, refused_record
 from .parent import exit_with_parent
 
@@ -57,8 +62,6 @@ __all__ = [
 ]
 
 LOGGER = logging.getLogger(__name__)
-# One line per epoch per run by design: never folded by :func:`repeated_logs_once`.
-EPOCH_LOGGER = "pml_rank_plugins.running.training"
 
 
 _WORKER_SLOT: int | None = None
@@ -69,135 +72,11 @@ def _worker_init(
 ) -> None:
     global _WORKER_SLOT
     exit_with_parent(parent_pid)  # one helper for compare and tune workers
-    _log_to_parent(log_queue, levels)
+    log_to_parent(log_queue, levels)
     _WORKER_SLOT = slots.get()
     torch.set_num_threads(num_threads)
     for name, obj in registered.items():
         registry.register(name, obj, override=True)
-
-
-def _log_to_parent(log_queue, levels: dict) -> None:
-    """Worker side: every log record goes to the parent (printed by its handlers), with the
-    parent's logger levels (``spawn`` workers start with no logging configuration)."""
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    root.addHandler(logging.handlers.QueueHandler(log_queue))
-    logging.captureWarnings(True)  # each worker would print a library's warning once itself
-    for name, level in levels.items():
-        logging.getLogger(name or None).setLevel(level)
-
-
-def _logger_levels() -> dict[str, int]:
-    """The root level (key ``""``) and every explicitly set logger level of this process."""
-    levels = {"": logging.getLogger().level}
-    for name, logger in logging.Logger.manager.loggerDict.items():
-        if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET:
-            levels[name] = logger.level
-    return levels
-
-
-class _ToParentLoggers(logging.Handler):
-    """Parent side of the workers' queue: a record is handled by its logger, as if logged here."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        logging.getLogger(record.name).handle(record)
-
-
-@contextlib.contextmanager
-def run_label(label: str) -> Iterator[None]:
-    """Prefix every log record created inside the block with ``[label] `` (e.g. ``[plugin
-    FastAP seed1] epoch 3/6 ...``); the label is kept in ``record.run_label``.
-
-    Args:
-        label: the run's name, e.g. ``"plugin FastAP seed1"``.
-    """
-    previous = logging.getLogRecordFactory()
-
-    def labelled(*args, **kwargs) -> logging.LogRecord:
-        record = previous(*args, **kwargs)
-        if not hasattr(record, "run_label"):
-            record.run_label = label
-            record.msg = f"[{label}] {record.msg}"
-        return record
-
-    logging.setLogRecordFactory(labelled)
-    try:
-        yield
-    finally:
-        logging.setLogRecordFactory(previous)
-
-
-class _RepeatFilter(logging.Filter):
-    """Lets the first record of each (level, logger, message without run label) through."""
-
-    def __init__(self, min_level: int):
-        super().__init__()
-        self.min_level = min_level
-        self.counts: dict[tuple[int, str, str], int] = {}
-        self._lock = threading.Lock()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        decided = getattr(record, "_pml_rank_first", None)  # one verdict for all handlers
-        if decided is not None:
-            return decided
-        if record.levelno < self.min_level or (
-            record.name == EPOCH_LOGGER and record.levelno < logging.WARNING
-        ):
-            return True
-        message = record.getMessage()
-        label = getattr(record, "run_label", None)
-        if label and message.startswith(f"[{label}] "):
-            message = message[len(label) + 3 :]
-        key = (record.levelno, record.name, message)
-        with self._lock:
-            self.counts[key] = self.counts.get(key, 0) + 1
-            record._pml_rank_first = self.counts[key] == 1
-        return record._pml_rank_first
-
-
-@contextlib.contextmanager
-def repeated_logs_once(min_level: int = logging.INFO) -> Iterator[None]:
-    """Inside the block, a log line (at ``min_level`` or above) that repeats -- the same level,
-    logger and message, whichever run logged it -- is printed once; at the end of the block each
-    such line is logged again with ``(repeated N times, shown once)``. Per-epoch lines are never
-    folded. Applies to the root logger's handlers (and logging's last-resort handler).
-
-    Args:
-        min_level: the lowest level folded, e.g. ``logging.WARNING``.
-    """
-    fold = _RepeatFilter(min_level)
-    handlers = [*logging.getLogger().handlers, logging.lastResort]
-    for handler in handlers:
-        if handler is not None:
-            handler.addFilter(fold)
-    try:
-        yield
-    finally:
-        for handler in handlers:
-            if handler is not None:
-                handler.removeFilter(fold)
-        for (level, name, message), count in fold.counts.items():
-            if count > 1:
-                logging.getLogger(name).log(
-                    level, "%s (repeated %d times, shown once)", message, count
-                )
-
-
-@contextlib.contextmanager
-def child_environment(**values: str) -> Iterator[None]:
-    """Environment variables for the processes started inside the block (tqdm reads
-    ``TQDM_DISABLE`` when a ``spawn`` worker imports it, before any code of ours runs there)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def job_device(config: dict, device: str | None, slot: int | None) -> str | None:
@@ -364,14 +243,14 @@ def _run_in_workers(jobs, results, resume, device, n_jobs: int, overwrite: bool,
     for k in range(n_jobs):
         slots.put(k)
     log_queue = ctx.Queue()
-    listener = logging.handlers.QueueListener(log_queue, _ToParentLoggers())
+    listener = logging.handlers.QueueListener(log_queue, ToParentLoggers())
     init = (
         slots,
         torch.get_num_threads(),
         dict(registry._USER),
         os.getpid(),
         log_queue,
-        _logger_levels(),
+        logger_levels(),
     )
     listener.start()
     try:

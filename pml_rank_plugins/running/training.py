@@ -60,15 +60,6 @@ def plain(value: Any) -> Any:
     return value
 
 
-# --------------------------------------------------------------------------- checkpoints
-
-
-# --------------------------------------------------------------------------- metrics
-
-
-# --------------------------------------------------------------------------- logging
-
-
 def make_logging(run_dir: Path, primary_metric: str, val_split: str | None, resume: bool):
     """PML ``logging_presets`` record keeper (CSV + SQLite + tensorboard) and hook container."""
     record_keeper, _, tb_writer = logging_presets.get_record_keeper(

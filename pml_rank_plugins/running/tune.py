@@ -60,8 +60,8 @@ from ..experiment.search_space import (
     tune_section,
 )
 from . import distributed, run_folder, runner
+from .console import child_environment
 from .parent import exit_with_parent, pid_alive
-from .pool import child_environment
 from .run_folder import StorageError
 from .study import (  # noqa: F401 -- re-exported: tune's public names
     ASK_LOCK,

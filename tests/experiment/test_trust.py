@@ -136,12 +136,13 @@ def test_S1_deny_list_cannot_be_lifted(name, monkeypatch):
 def test_S1_known_namespaces_keep_working():
     from pml_rank_plugins.data.splits import query_gallery_split
 
-    assert registry.resolve("pml_rank_plugins.config.splits.query_gallery_split") is (
+    assert registry.resolve("pml_rank_plugins.data.splits.query_gallery_split") is (
         query_gallery_split
     )
     assert registry.resolve("torchvision.transforms.Resize").__name__ == "Resize"
     registry.register("S1TinyNet", TinyNet, override=True)  # Python-side registration: trusted
     assert registry.resolve("S1TinyNet") is TinyNet
-    for name in ("torch.load", "torch.hub.load", "pml_rank_plugins.cli.main"):
+    removed_alias = "pml_rank_plugins.config.splits.query_gallery_split"  # the 0.x alias package
+    for name in ("torch.load", "torch.hub.load", "pml_rank_plugins.cli.main", removed_alias):
         with pytest.raises(UnknownNameError, match="not allowed|refused"):
             registry.resolve(name)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pml_rank_plugins.experiment.schema import dump_yaml
+from pml_rank_plugins.running import console as console_module
 from pml_rank_plugins.running import pool, run_folder
 from tests.tiny import tiny_config
 
@@ -39,10 +40,10 @@ def console():
 
 
 def test_repeated_warning_is_printed_once_with_a_count(console):
-    pml, epochs = logging.getLogger("PML"), logging.getLogger(pool.EPOCH_LOGGER)
-    with pool.repeated_logs_once():
+    pml, epochs = logging.getLogger("PML"), logging.getLogger(console_module.EPOCH_LOGGER)
+    with console_module.repeated_logs_once():
         for run in ("A seed0", "A seed1", "B seed0"):
-            with pool.run_label(run):
+            with console_module.run_label(run):
                 pml.warning('%s is missing "%s"', "optimizers", "embedder_optimizer")
                 epochs.info("epoch 1/2  loss 0.5000")  # identical by chance: still one per run
         pml.warning("only once")
@@ -53,7 +54,7 @@ def test_repeated_warning_is_printed_once_with_a_count(console):
         'WARNING PML: optimizers is missing "embedder_optimizer" (repeated 3 times, shown once)'
     )
     for run in ("A seed0", "A seed1", "B seed0"):
-        assert f"INFO {pool.EPOCH_LOGGER}: [{run}] epoch 1/2  loss 0.5000" in lines
+        assert f"INFO {console_module.EPOCH_LOGGER}: [{run}] epoch 1/2  loss 0.5000" in lines
     assert "WARNING PML: only once" in lines and not any("only once (" in ln for ln in lines)
     # after the block nothing is folded or labelled any more
     pml.warning("only once")
