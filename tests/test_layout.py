@@ -4,11 +4,12 @@
   :data:`ALLOWED` (``functional`` at the bottom, ``cli`` on top); the import graph between
   modules has no cycle.
 * No module imports another module of the package inside a function or method body (a hidden
-  import hides a dependency and usually a cycle); ``cli.py`` is exempt, since it may import the
-  heavy subpackages lazily behind its argument parser.
+  import hides a dependency and usually a cycle); the CLI (``cli.py`` and the command modules of
+  ``commands/``) is exempt, since it imports the heavy subpackages lazily behind its parser.
 * The CLI imports only the public names (``__all__``) of ``experiment``, ``running`` and
   ``reporting``.
-* Sizes: no module over 450 lines, no subpackage over 30% of the package's lines.
+* Sizes: no module over 450 lines, no subpackage over 30% of the package's lines, no function of
+  the CLI over 60 lines.
 
 Each check parses the files with :mod:`ast`; nothing is imported except for the ``__all__`` check.
 """
@@ -41,12 +42,13 @@ ALLOWED: dict[str, set[str]] = {
     "running": LIBRARY | {"experiment"},
     "reporting": LIBRARY | {"experiment", "running"},
 }
-# Modules on top of everything: the CLI (and its parser), ``python -m``, and the deprecated
-# ``config`` alias module.
-TOP = {"cli", "cli_args", "__main__", "config"}
-LAZY_IMPORTS_ALLOWED = {f"{PACKAGE}.cli"}
+# Modules on top of everything: the CLI (its entry point, parser and ``commands/``), ``python -m``,
+# and the deprecated ``config`` alias module.
+TOP = {"cli", "cli_args", "commands", "__main__", "config"}
+CLI = {"cli", "cli_args", "commands", "__main__"}  # the subpackage names of the CLI's modules
 MAX_MODULE_LINES = 450
 MAX_FOLDER_SHARE = 0.30
+MAX_CLI_FUNCTION_LINES = 60
 
 
 def module_name(path: Path) -> str:
@@ -61,20 +63,31 @@ def package_files() -> dict[str, Path]:
 
 
 MODULES = package_files()
+CLI_MODULES = sorted(m for m in MODULES if m.partition(".")[2].split(".")[0] in CLI)
+# The CLI's entry point and its commands (and their shared helpers, ``commands.base``) import the
+# heavy subpackages inside functions, so that ``--help`` stays fast; the parser (``cli_args``), the
+# table (``commands``) and the shared option groups (``commands.options``) need not.
+LAZY_IMPORTS_ALLOWED = {f"{PACKAGE}.cli"} | {
+    m for m in CLI_MODULES if m.startswith(f"{PACKAGE}.commands.") and not m.endswith(".options")
+}
+
+
+def from_target(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from X import ...`` in ``module`` (file ``path``) imports from."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if path.name != "__init__.py":
+        base = base[:-1]  # a module's package
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
 
 
 def resolve(module: str, path: Path, node: ast.ImportFrom | ast.Import) -> list[str]:
     """The package modules an import statement in ``module`` names (absolute, existing ones)."""
     if isinstance(node, ast.Import):
         return [a.name for a in node.names if a.name.split(".")[0] == PACKAGE]
-    if node.level:
-        base = module.split(".")
-        if path.name != "__init__.py":
-            base = base[:-1]  # a module's package
-        base = base[: len(base) - (node.level - 1)]
-        target = ".".join(base + ([node.module] if node.module else []))
-    else:
-        target = node.module or ""
+    target = from_target(module, path, node)
     if target.split(".")[0] != PACKAGE:
         return []
     out = []
@@ -188,20 +201,69 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def test_the_cli_modules_are_found():
+    assert {f"{PACKAGE}.cli", f"{PACKAGE}.cli_args", f"{PACKAGE}.commands"} <= set(CLI_MODULES)
+    assert f"{PACKAGE}.commands.train" in LAZY_IMPORTS_ALLOWED
+    assert f"{PACKAGE}.commands.options" not in LAZY_IMPORTS_ALLOWED
+
+
 @pytest.mark.parametrize("package", ["experiment", "running", "reporting"])
 def test_cli_imports_only_public_names(package):
-    tree = ast.parse(MODULES[f"{PACKAGE}.cli"].read_text())
+    """Every CLI module (``cli``, ``cli_args``, ``commands.*``) imports ``package`` itself, never one
+    of its submodules, and only names in its ``__all__``."""
     public = set(importlib.import_module(f"{PACKAGE}.{package}").__all__)
+    target = f"{PACKAGE}.{package}"
     used = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-            root = node.module.split(".")[0]
-            if root != package:
+    for m in CLI_MODULES:
+        tree = ast.parse(MODULES[m].read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):  # `import pml_rank_plugins.running.x`
+                assert not [a.name for a in node.names if a.name.startswith(target)], m
+            if not isinstance(node, ast.ImportFrom):
                 continue
-            assert node.module == package, f"cli imports the submodule {node.module}"
-            used += [a.name for a in node.names]
-    assert used, f"cli does not import {package}"
+            source = from_target(m, MODULES[m], node)
+            if source == target:
+                used += [a.name for a in node.names]
+            else:
+                assert not source.startswith(target + "."), f"{m} imports the submodule {source}"
+    assert used, f"the CLI does not import {package}"
     assert set(used) <= public, sorted(set(used) - public)
+
+
+def function_lengths(path: Path) -> dict[str, int]:
+    """``{qualified name: lines}`` of every function and method in ``path`` (decorators and
+    docstring included)."""
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}."
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                out[name[:-1]] = child.end_lineno - first + 1
+            visit(child, name)
+
+    visit(ast.parse(path.read_text(), str(path)), "")
+    return out
+
+
+def test_function_lengths_counts_nested_functions_and_methods(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    def g():\n        pass\n    return g\n\n\nclass C:\n"
+                    "    @staticmethod\n    def h():\n        return 1\n")  # fmt: skip
+    assert function_lengths(path) == {"f": 4, "f.g": 2, "C.h": 3}
+
+
+def test_no_cli_function_over_60_lines():
+    long = {
+        f"{MODULES[m].relative_to(ROOT.parent)}:{name}": n
+        for m in CLI_MODULES
+        for name, n in function_lengths(MODULES[m]).items()
+        if n > MAX_CLI_FUNCTION_LINES
+    }
+    assert not long, long
 
 
 def lines(path: Path) -> int:

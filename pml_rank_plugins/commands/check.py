@@ -1,0 +1,39 @@
+"""``pml-rank check``: build every object of every method without training."""
+
+from __future__ import annotations
+
+import argparse
+
+from .base import Command, config_paths, data_root, load, methods
+from .options import CONFIGS_HELP, add_common, add_methods
+
+__all__ = ["Check"]
+
+
+class Check(Command):
+    """Build every selected method of CONFIG... on ``--device`` (or the CPU); print one line per
+    method (or config) saying what was built."""
+
+    name = "check"
+    help = (
+        "build every object of every method without training, e.g. "
+        "pml-rank check benchmarks/mlrc_cub200 --data-root /data"
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("configs", nargs="+", help=CONFIGS_HELP)
+        add_methods(parser)
+        add_common(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..experiment import check_configs
+        from ..running import repeated_logs_once
+
+        paths = [str(p) for p in config_paths(args.configs)]  # builds on --device or the CPU
+        with repeated_logs_once():  # "metric_loss has no parameters" once, with a count
+            lines = load(
+                check_configs, paths, args.overrides, methods(args), args.device, data_root(args)
+            )
+        for line in lines:
+            print(line)
+        return 0
