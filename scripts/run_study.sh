@@ -4,13 +4,16 @@
 # continues its studies, marking the interrupted trial failed; `compare --resume` reuses
 # finished runs and continues interrupted ones). Run from the repository root:
 #   scripts/run_study.sh                    # every phase, in order
-#   scripts/run_study.sh probe              # one phase: probe | tune | tuned | defaults | publish
+#   scripts/run_study.sh probe              # one phase: probe | tune | tuned | defaults | claims
+#                                           #   | publish
 #   scripts/run_study.sh snapshot           # before a session ends: the tuning state into docs/
 # Phases:
 #   probe     convergence probe: 3 methods x 3 seeds, up to 60 epochs, patience 10, no test split
 #   tune      30 TPE trials per method (the config's tune section), --jobs 2
 #   tuned     the best setting of each method, 10 seeds (seeds 1-10), test at the best epoch
 #   defaults  each method at its default setting on the same 10 seeds (paired with `tuned`)
+#   claims    the papers' six claims at this budget, each from its loss's tuned setting
+#             (configs/claims/*.yaml; 10 paired seeds, 1-10); CLAIMS="a b" runs a subset
 #   publish   copy the small outputs (json, md, csv, figures; never checkpoints) to docs/study/
 #   snapshot  copy runs/study/tune/tune.db to docs/study/tune/tune.db (consistent, running trials
 #             marked failed in the copy) so a later session continues the studies; `tune` restores
@@ -29,7 +32,9 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 CONFIG=studies/omniglot
 PROBE_METHODS="plugin FastAP,plugin RankedList,PML Contrastive"
 PHASES=("$@")
-if [ ${#PHASES[@]} -eq 0 ]; then PHASES=(probe tune tuned defaults publish); fi
+if [ ${#PHASES[@]} -eq 0 ]; then PHASES=(probe tune tuned defaults claims publish); fi
+ALL_CLAIMS="hard_vs_random map_q_vs_t rll_margin_tn rll_query_weighting fastap_bins batch_size"
+CLAIMS=${CLAIMS:-$ALL_CLAIMS}
 
 cli() { "$PYTHON" -m pml_rank_plugins "$@"; }
 
@@ -52,15 +57,22 @@ phase() {
       # seed=1: the tuned runs use seeds 1-10 (the tuning seed 0 + 1 + i), so the pairs match
       cli compare "$CONFIG" --data-root "$DATA_ROOT" --seeds 10 --set seed=1 \
         --jobs "$JOBS" --resume --out "$OUT/defaults" ;;
+    claims)
+      for claim in $CLAIMS; do
+        echo "=== claim $claim: start $(date -u +%FT%TZ)"
+        cli compare "claims/$claim" --data-root "$DATA_ROOT" --seeds 10 --jobs "$JOBS" --resume \
+          --out "$OUT/claims/$claim"
+      done ;;
     publish)
-      for part in probe tune tuned defaults; do
+      for part in probe tune tuned defaults $(cd "$OUT" && ls -d claims/* 2>/dev/null); do
         [ -d "$OUT/$part" ] || continue
         mkdir -p "docs/study/$part"
         find "$OUT/$part" -maxdepth 1 -type f \( -name '*.json' -o -name '*.md' -o -name '*.csv' \
           -o -name '*.png' \) ! -name '.*' -exec cp {} "docs/study/$part/" \;
       done
       "$PYTHON" scripts/study_report.py "$OUT" docs/study ;;
-    *) echo "run_study.sh: unknown phase $1 (probe, tune, tuned, defaults, publish, snapshot)" >&2
+    *) echo "run_study.sh: unknown phase $1 (probe, tune, tuned, defaults, claims, publish," \
+         "snapshot)" >&2
        exit 2 ;;
   esac
 }
