@@ -12,6 +12,7 @@ import torch
 
 from pml_rank_plugins.cli import main
 from pml_rank_plugins.cli_args import build_parser as _parser
+from pml_rank_plugins.commands import COMMANDS
 from tests.data.conftest import shared_dir
 
 DATA_ROOT = shared_dir() / "data"  # the repository's data root: ../shared/data
@@ -31,10 +32,13 @@ print("HEAVY", sorted(m for m in {heavy!r} if m in sys.modules))
 
 @pytest.mark.parametrize(
     "argv, code",
-    [(["--help"], 0), (["sweep", "--help"], 0), (["train"], 2), (["check", "x", "--jobs"], 2)],
+    [(["--help"], 0)]
+    + [([name, "--help"], 0) for name in COMMANDS]
+    + [(["train"], 2), (["check", "x", "--jobs"], 2), (["list", "--kind", "loss"], 2)],
 )
 def test_help_does_not_import_torch(argv, code):
-    """`--help` and argument errors: the parser alone, no torch/PML/scipy/matplotlib import."""
+    """`--help` (of the tool and of every command of the table) and argument errors: the parser
+    alone, no torch/PML/scipy/matplotlib import."""
     done = subprocess.run(
         [sys.executable, "-c", PROBE.format(argv=argv, heavy=HEAVY)],
         capture_output=True,
