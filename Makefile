@@ -34,7 +34,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 -q -m "not slow"
 
 docs: $(STAMP)
-	$(PY) -m sphinx -W -b html docs docs/_build/html
+	$(PY) -m sphinx -n -W -b html docs docs/_build/html
 
 # pip builds the wheel in a fresh isolated environment holding only the build backend
 # (setuptools, from pyproject's [build-system]); --no-deps: the runtime dependencies (torch, ...)

@@ -1,7 +1,7 @@
 """Sphinx configuration for the pml_rank_plugins documentation site.
 
 Build from the repository root with ``make docs`` (or
-``python -m sphinx -W -b html docs docs/_build/html``). Pages are Markdown (MyST); the API
+``python -m sphinx -n -W -b html docs docs/_build/html``). Pages are Markdown (MyST); the API
 reference is generated from the package's Google-style docstrings with autodoc + napoleon,
 importing the package from this checkout.
 """
@@ -63,13 +63,66 @@ autodoc_inherit_docstrings = False  # torch.autograd.Function docs refer to labe
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]
 
-# Nitpicky builds (``-n``) check every cross-reference. The site is built offline (no
-# intersphinx), so references to other projects' objects (torch, numpy, the standard library,
-# PML, PIL, scipy) cannot resolve and are not ours to fix: they render as code, unlinked.
+# Nitpicky builds (``-n``, what ``make docs`` runs) check every cross-reference. The site is built
+# offline: intersphinx is not enabled because its inventories (objects.inv of torch, numpy, PML,
+# ...) would be downloaded at build time, and none is available locally. References to other
+# projects' objects therefore cannot resolve and are not ours to fix: they render as code,
+# unlinked. One narrow entry per library; our own names must resolve (fix the role or the path).
 nitpick_ignore_regex = [
-    (
-        r"py:.*",
-        r"(torch|numpy|np|pathlib|collections|typing|PIL|scipy|pytorch_metric_learning)\..*",
-    ),
-    (r"py:class", r"(Path|Tensor|optional)"),
+    (r"py:(class|func|meth|data|attr|exc)", r"torch\..+"),  # PyTorch (type hints and bases)
+    (r"py:(class|func|data)", r"(numpy|np)\..+"),  # NumPy, also as ``np.ndarray``
+    (r"py:(class|func|meth|exc)", r"pytorch_metric_learning\..+"),  # PML bases and hints
+    (r"py:(class|func)", r"PIL\..+"),  # Pillow images
+    (r"py:(class|func)", r"scipy\..+"),  # scipy.io.loadmat
+    (r"py:class", r"(pathlib|collections\.abc)\..+"),  # the standard library's hints
+]
+nitpick_ignore = [
+    ("py:class", "Path"),  # ``pathlib.Path`` in hints read unqualified (``from pathlib import``)
+]
+
+# TODO(refactor): cross-references in pml_rank_plugins/experiment, running and reporting
+# docstrings that do not resolve (private helpers, or short paths to names documented elsewhere).
+# Those packages are being refactored (issue 30), names may move; the exact docstring fixes are
+# listed in the issue 29 docs report. Remove each entry once its docstring is fixed: ``make
+# docs`` (``-n``) then checks it again.
+nitpick_ignore += [
+    ("py:class", "RankTimeoutError"),
+    ("py:exc", "RankTimeoutError"),
+    ("py:exc", "TorchrunRefusedError"),
+    ("py:exc", "UnsafeRunFolder"),
+    ("py:class", "pml_rank_plugins.experiment.search_space.Param"),
+    ("py:class", "registry.UnknownNameError"),
+    ("py:data", "DENIED_MODULES"),
+    ("py:data", "KINDS"),
+    ("py:data", "MAX_REPORT_WAIT_S"),
+    ("py:data", "NAMESPACES"),
+    ("py:data", "resume.BUDGET_KEYS"),
+    ("py:func", "all_names"),
+    ("py:func", "check_folders"),
+    ("py:func", "compare.run_comparison"),
+    ("py:func", "detectable_difference"),
+    ("py:func", "equivalence_margin"),
+    ("py:func", "holm"),
+    ("py:func", "is_refused"),
+    ("py:func", "kind_of"),
+    ("py:func", "knn_backend"),
+    ("py:func", "load_run_config"),
+    ("py:func", "methods.check_folders"),
+    ("py:func", "methods.collect_methods"),
+    ("py:func", "missing_pictures"),
+    ("py:func", "picture_paths"),
+    ("py:func", "pml_rank_plugins.experiment.tuned.tuned_configs"),
+    ("py:func", "pml_rank_plugins.running.runner.evaluate"),
+    ("py:func", "pool.run_job"),
+    ("py:func", "refused_record"),
+    ("py:func", "retrieval.write_retrieval_pictures"),
+    ("py:func", "run_folder.inside"),
+    ("py:func", "run_folder.lock"),
+    ("py:func", "run_folder.remove_partial_writes"),
+    ("py:func", "run_label"),
+    ("py:func", "summary.summarize"),
+    ("py:func", "to_plain"),
+    ("py:func", "tost"),
+    ("py:meth", "start_epoch"),
+    ("py:mod", "mlrc"),
 ]

@@ -19,7 +19,7 @@ class Cars196(ImageListDataset):
     """``root/cars_annos.mat`` (struct array ``annotations`` with fields ``relative_im_path``,
     ``bbox_x1..y2``, ``class``, ``test``; cell array ``class_names``), images at
     ``root/<relative_im_path>`` (``car_ims/000001.jpg``). The MAT-file is read with
-    :func:`scipy.io.loadmat` (through :func:`pml_rank_plugins.data.matfile.load_mat`); a missing,
+    :func:`scipy.io.loadmat` (through :func:`pml_rank_plugins.data.load_mat`); a missing,
     damaged or v7.3 file, or a missing field, raises :class:`DatasetFormatError` naming the file.
 
     Split by class as in metric learning: ``"train"`` classes 1-98, ``"test"`` 99-196, ``"all"``.

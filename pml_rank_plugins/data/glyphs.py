@@ -248,18 +248,18 @@ class GlyphDataset(InMemoryImageDataset):
 
     With the defaults: 13 categories, about 400 classes (at most 40 per category), 20 images per
     class. Built in a few seconds on one core and cached under ``root`` as
-    ``glyphs-<hash>.npz``, the hash covering every parameter plus :data:`GLYPH_CACHE_VERSION` and
+    ``glyphs-<hash>.npz``, the hash covering every parameter plus ``GLYPH_CACHE_VERSION`` and
     the Pillow/matplotlib versions; the file is written atomically (temp file + ``os.replace``)
-    and verified when read (:func:`read_cache`); a bad or stale cache is rebuilt with one
-    :class:`GlyphCacheWarning` naming the file and why.
+    and verified when read (``read_cache``); a bad or stale cache is rebuilt with one
+    :class:`~pml_rank_plugins.data.glyphs.GlyphCacheWarning` naming the file and why.
 
     Args:
-        root: cache directory; default :func:`default_cache_dir` (env ``PML_RANK_CACHE``).
+        root: cache directory; default ``default_cache_dir()`` (env ``PML_RANK_CACHE``).
         seed: rendering seed.
         transform: callable applied to the PIL image (mode ``"L"``); default converts it to a
             float tensor ``(1, S, S)`` in [0, 1].
         images_per_class, image_size, max_classes_per_category, categories, noise_std: see
-            :func:`render_glyphs`.
+            :func:`~pml_rank_plugins.data.glyphs.render_glyphs`.
 
     Attributes:
         images: uint8 ``(N, S, S)``; labels: int64 ``(N, 2)`` ``[class, category]``;

@@ -210,9 +210,9 @@ class ImageListDataset(Dataset):
 
     Args:
         paths: image paths, one per item (absolute, or relative to ``root``).
-        labels: ``(N, 2)`` two-level labels (see :mod:`pml_rank_plugins.data.labels`).
+        labels: ``(N, 2)`` two-level labels (see :func:`~pml_rank_plugins.data.as_two_level`).
         root: directory that relative ``paths`` start from.
-        transform: callable applied to the PIL image; default :func:`to_float_tensor`.
+        transform: callable applied to the PIL image; default :func:`~.images.to_float_tensor`.
         mode: PIL mode the image is converted to (``"RGB"`` or ``"L"``).
     """
 
@@ -240,7 +240,7 @@ class ImageListDataset(Dataset):
         return self.root / path if self.root is not None else path
 
     def load(self, index: int) -> Image.Image:
-        """The PIL image of item ``index`` (errors name the file, see :func:`load_image`)."""
+        """The PIL image of item ``index`` (errors name the file: :func:`~.images.load_image`)."""
         return load_image(self.image_path(index), self.mode)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

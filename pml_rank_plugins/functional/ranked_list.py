@@ -19,7 +19,7 @@ Per query ``i`` (notation of the paper, ``d = dist[i, j]``):
   left to the caller (a PML reducer). ``lam_pos`` (default 1) weights ``L_P`` too, so PML's
   parametrization ``(1 - imbalance) L_P + imbalance L_N`` is ``lam_pos = 1 - b, lam = b``.
 
-Query weighting (``query_weighting``, :mod:`~pml_rank_plugins.functional.query_weighting`):
+Query weighting (``query_weighting``, ``pml_rank_plugins.functional.query_weighting``):
 ``"mean"`` (default) is the paper's eq. 14, every query weighted ``1 / N``. ``"weight_share"`` is
 what the authors' released Caffe layer (``DistanceWeightedValidPairLossV12``) does instead: query
 ``i`` is weighted ``c_i = 0.5 W_i / sum_k W_k``, ``W_i`` the sum of its *unnormalized* pair
@@ -211,14 +211,14 @@ def ranked_list_terms(
             hardest-negative weighting. Tp: positive temperature (journal version); 0 = mean.
         lam: weight of ``L_N`` (eq. 13).
         neg_weights, pos_weights: optional ``(N, M)`` non-negative relative weights used instead
-            of the temperature weights (e.g. from :class:`RankedListMiner`); renormalized over
-            each query's mined pairs (a query whose mined pairs all have weight 0 gets no loss
-            from them). Treated as constants.
+            of the temperature weights (e.g. from :class:`~.miners.RankedListMiner`);
+            renormalized over each query's mined pairs (a query whose mined pairs all have weight
+            0 gets no loss from them). Treated as constants.
         lam_pos: weight of ``L_P`` (default 1, eq. 13); PML's ``imbalance=b`` is
             ``lam_pos=1 - b, lam=b``.
         query_weighting: ``"mean"`` (default; eq. 14): ``loss_i = L_i``, the batch loss is
             their mean. ``"weight_share"`` (the authors' Caffe layer, see
-            :mod:`~pml_rank_plugins.functional.query_weighting`): ``loss_i = N c_i L_i`` with
+            ``pml_rank_plugins.functional.query_weighting``): ``loss_i = N c_i L_i`` with
             ``c_i = 0.5 W_i / sum_k W_k``, so the mean of ``loss`` is ``sum_i c_i L_i``. ``W_i``
             always uses ``Tn`` / ``Tp`` over the mined pairs, also when ``neg_weights`` /
             ``pos_weights`` replace the within-query weights.

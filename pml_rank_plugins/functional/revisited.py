@@ -192,7 +192,7 @@ def revisited_map(ranks, gnd: Sequence[Mapping], ks: Sequence[int] = (1, 5, 10))
         ks: the cut-offs of mP@k.
 
     Returns:
-        flat dict: ``map_<p>``, ``mp_at_<k>_<p>`` (floats, ``nan`` when no query counts),
+        A flat dict with ``map_<p>``, ``mp_at_<k>_<p>`` (floats, ``nan`` when no query counts),
         ``num_queries_<p>`` (queries averaged) and ``num_skipped_<p>`` (queries without a positive
         under protocol ``p``, excluded), for ``p`` in easy, medium, hard.
 

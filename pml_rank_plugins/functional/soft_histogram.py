@@ -276,10 +276,10 @@ def pair_histograms(
         queries: ``(N, d)`` L2-normalized query embeddings.
         refs: ``(M, d)`` L2-normalized reference embeddings (may be ``queries`` itself).
         categories: ``(N, M)`` int8 tensor (0 positive, 1 negative, 2 ignored) or a category
-            source (:class:`LabelCategories`, :class:`DenseCategories`).
+            source (``LabelCategories``, ``DenseCategories`` of ``functional.chunking``).
         offset, scale: the histogrammed value in bin units is ``offset + scale * q.r``.
         num_intervals: ``L``, the number of bin spacings; there are ``L + 1`` bin centres.
-        chunk_size: query rows per chunk (``None``: :func:`rows_per_chunk` decides).
+        chunk_size: query rows per chunk (``None``: ``chunking.rows_per_chunk`` decides).
     """
     if num_intervals < 1:
         raise ValueError(f"num_intervals must be >= 1, got {num_intervals}")

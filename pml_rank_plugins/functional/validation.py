@@ -92,7 +92,7 @@ def prepare_embeddings(
     Returns ``(queries, refs, is_self)``; ``is_self`` is whether ``ref_emb`` *is* ``embeddings``
     (the batch ranked against itself, as PML passes it), in which case ``refs is queries``.
     float16/bfloat16 are cast to float32 *before* anything else, so normalization never runs in
-    half precision. ``normalize=True`` also L2-normalizes the rows with :func:`normalize_rows`
+    half precision. ``normalize=True`` also L2-normalizes the rows with ``normalize_rows``
     (no overflow for huge rows; zero rows stay zero with zero gradient).
     """
     is_self = ref_emb is embeddings

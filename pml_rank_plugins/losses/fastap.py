@@ -34,7 +34,7 @@ class FastAPLoss(HistogramAPLoss):
     Cost: O(N M d + N M) time, O(threads * chunk * M) floats (one chunk buffer per CPU thread)
     + N M bytes of working memory, independent of ``num_bins``, plus the
     ``(N, 2, num_bins + 1)`` histograms (PML's ``FastAPLoss``: O(num_bins N^2) memory). See
-    :class:`HistogramAPLoss` for the PML contract.
+    :class:`~pml_rank_plugins.losses.histogram_ap_base.HistogramAPLoss` for the PML contract.
 
     Args:
         num_bins: number of bin spacings ``L`` (1 to ``MAX_NUM_BINS`` = 4096); the default 10 is the

@@ -28,7 +28,7 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     (``num_intervals``), the AP formula (``_average_precision``) and validate ``self.distance``.
 
     Per query ``i`` the ranked list holds the reference items ``j`` with ``pos[i, j]`` or
-    ``neg[i, j]`` (:func:`~pml_rank_plugins.utils.loss_and_miner_utils.pair_masks`: same label /
+    ``neg[i, j]`` (``pml_rank_plugins.utils.loss_and_miner_utils.pair_masks``: same label /
     other label without ``indices_tuple``, the self pair removed when ranking the batch against
     itself, or the column ``self_index[i]`` of ``ref_emb`` that holds the query (see
     :class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`); with ``indices_tuple`` only
@@ -100,8 +100,8 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
         *,
         self_index=None,
     ):
-        """PML's ``forward`` (with ``self_index``, see :class:`SelfIndexForward`), returning the
-        loss in the embeddings' dtype.
+        """PML's ``forward`` (with ``self_index``: :class:`~.self_index.SelfIndexForward`),
+        returning the loss in the embeddings' dtype.
 
         float16/bfloat16 embeddings are computed in float32, reducer included; the reduced loss
         is then cast to their dtype, as PML's losses return it (``torch.isclose`` against a

@@ -42,7 +42,7 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
     ``d - (alpha - margin)`` averaged (eq. 11; weighted by ``exp(Tp (d - alpha + margin))`` when
     ``Tp > 0``, as in the journal version); mined negatives ``d < alpha`` contribute
     ``alpha - d`` weighted by ``exp(Tn (alpha - d))``, normalized (eqs. 9, 12). See
-    :mod:`pml_rank_plugins.functional.ranked_list`.
+    :func:`~pml_rank_plugins.functional.ranked_list_terms`.
 
     Drop-in for PML's ``RankedListLoss(margin, Tn, imbalance=0.5, alpha=None, Tp=0)``: same
     positional order and keywords, same meaning (``RankedListLoss(0.4, 10)`` is ``margin=0.4,
@@ -131,13 +131,13 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
     accepted ``lam``.
 
     Cost: with PML's default ``LpDistance(p=2, power=1)`` (normalized or not) the loss runs the
-    chunked kernel :mod:`pml_rank_plugins.functional.ranked_list_chunked`: O(N M d) time, memory
+    chunked kernel ``pml_rank_plugins.functional.ranked_list_chunked``: O(N M d) time, memory
     O(threads x chunk_size x M) floats (one chunk buffer per CPU thread) + O(number of mined
     pairs), no float N x M tensor (plus N M bytes
     of pair categories with an ``indices_tuple``). ``chunk_size``: query rows per chunk
     (``None``: 256K pairs or 128 rows, whichever is more, at most 4M pairs). Any other distance
     object (subclasses included) is called as is and the dense kernel
-    :func:`pml_rank_plugins.functional.ranked_list.ranked_list_terms` runs on its ``(N, M)``
+    :func:`pml_rank_plugins.functional.ranked_list_terms` runs on its ``(N, M)``
     matrix: O(N M) memory.
     """
 

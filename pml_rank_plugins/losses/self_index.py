@@ -48,7 +48,7 @@ class SelfIndexForward:
         Raises:
             ValueError: ``self_index`` without ``ref_emb`` / ``ref_labels`` / ``labels``, with an
                 ``indices_tuple``, or malformed
-                (:func:`~pml_rank_plugins.utils.loss_and_miner_utils.check_self_index`).
+                (``pml_rank_plugins.utils.loss_and_miner_utils.check_self_index``).
         """
         check_labels(labels, "labels")  # before PML's own checks, which assume tensors
         check_labels(ref_labels, "ref_labels")

@@ -46,7 +46,7 @@ class RankedListMiner(BaseMiner):
     empty ``ref_emb`` gives empty tuples.
 
     Cost: with the default ``LpDistance(p=2, power=1)`` mining runs chunk by chunk
-    (:func:`pml_rank_plugins.functional.ranked_list_chunked.chunked_ranked_list_mining`,
+    (``pml_rank_plugins.functional.ranked_list_chunked.chunked_ranked_list_mining``,
     ``chunk_size`` query rows at a time): O(N M d) time, O(chunk_size x M) working memory plus
     the output; any other distance object is called as is (O(N M) memory).
 

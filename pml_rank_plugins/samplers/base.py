@@ -69,7 +69,7 @@ def refuse_pml_keywords(sampler: str, m, length_before_new_iter) -> None:
 class ClassBatchSampler(BatchSampler):
     """Base for samplers that build batches of exactly ``batch_size`` indices from whole classes.
 
-    Subclasses set up their pools in ``__init__`` and implement :meth:`_epoch_specs`, returning one
+    Subclasses set up their pools in ``__init__`` and implement ``_epoch_specs``, returning one
     spec per batch: a tuple of ``(pool_key, part_size)`` pairs whose sizes add up to ``batch_size``.
 
     Everything after ``labels`` is keyword-only; the second place holds PML's ``m``, refused

@@ -13,7 +13,7 @@ classes are visited in a freshly shuffled order and each chosen class contribute
   replacement; different parts use disjoint pools.
 
 When ``size`` is odd and only two-item classes have been chosen, a two-item class is swapped for the
-next class with >= 3 items, which always exists when :func:`pool_problem` returned ``None``.
+next class with >= 3 items, which always exists when ``ClassPools.pool_problem`` returned ``None``.
 """
 
 from __future__ import annotations
