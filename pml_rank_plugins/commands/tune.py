@@ -57,7 +57,8 @@ class Tune(Command):
         from ..reporting import run_tune
 
         (path,) = config_paths([args.config])
-        configs = load(collect_methods, [path], args.overrides, methods(args), data_root(args))
+        names, root = methods(args), data_root(args)
+        configs = load(collect_methods, [path], args.overrides, names, root)
         check_config_devices(args, configs)
         summary = run_tune(
             [path],
@@ -67,8 +68,8 @@ class Tune(Command):
             jobs=args.jobs,
             device=args.device,
             overrides=args.overrides,
-            methods=methods(args),
-            data_root=data_root(args),
+            methods=names,
+            data_root=root,
         )
         print((Path(args.out) / "tune.md").read_text(), end="")
         failed = sum(s["states"].get("fail", 0) for s in summary["methods"].values())
