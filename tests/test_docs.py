@@ -1,5 +1,5 @@
-"""The documentation site builds with warnings as errors, and README.md stays an entry page
-(issue 19, item 7).
+"""The documentation site builds with warnings as errors (issue 19, item 7) and every
+cross-reference checked (``-n``, issue 29 item 6), and README.md stays an entry page.
 
 ``make test`` installs sphinx, myst-parser and furo (the ``dev`` extra), so a missing tool is a
 failure here, not a skip. The code blocks of the pages are checked by ``tests/test_readme.py``.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -53,7 +54,7 @@ def site(tmp_path_factory) -> Path:
         assert importlib.util.find_spec(module) is not None, f"{module} is not installed"
     out = tmp_path_factory.mktemp("site")
     proc = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html", "docs", str(out)],
+        [sys.executable, "-m", "sphinx", "-n", "-W", "-q", "-b", "html", "docs", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -61,12 +62,12 @@ def site(tmp_path_factory) -> Path:
     if proc.returncode != 0:
         print(proc.stdout[-4000:])
         print(proc.stderr)
-    assert proc.returncode == 0, f"sphinx -W failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"sphinx -n -W failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     return out
 
 
-@pytest.mark.slow  # about 10 s: a full Sphinx build with autodoc
-def test_site_builds_with_warnings_as_errors(site):
+@pytest.mark.slow  # about 10-30 s: a full Sphinx build with autodoc
+def test_site_builds_nitpicky_with_warnings_as_errors(site):
     for page in ("index", "getting-started", "ablations", "performance", "api/index"):
         assert (site / f"{page}.html").is_file(), page
     assert (site / "_images" / "ablations.png").is_file()  # the ablations figure is copied
@@ -80,3 +81,55 @@ def test_api_reference_documents_the_main_classes(site):
     )
     missing = [n for n in API_NAMES if n not in documented]
     assert not missing, f"not documented in the API reference: {missing}"
+
+
+def _conf() -> dict:
+    return runpy.run_path(str(ROOT / "docs" / "conf.py"))
+
+
+def test_make_docs_is_nitpicky():
+    """``make docs`` checks every cross-reference (``-n``) with warnings as errors (``-W``)."""
+    rule = (ROOT / "Makefile").read_text().split("\ndocs:", 1)[1].splitlines()[1]
+    flags = rule.split()
+    assert "-n" in flags and "-W" in flags, f"Makefile's docs rule lacks -n or -W: {rule!r}"
+
+
+OUR_NAMES = [
+    "pml_rank_plugins.losses.FastAPLoss",
+    "pml_rank_plugins.functional.ranked_list.ranked_list_terms",
+    "pml_rank_plugins.samplers.base.ClassBatchSampler",
+    "FastAPLoss",
+    "RankedListMiner",
+]
+
+
+@pytest.mark.parametrize("name", OUR_NAMES)
+def test_nitpick_regexes_never_hide_our_names(name):
+    """The regex ignores are for other projects' objects (no intersphinx offline); a broken
+    reference to one of ours must fail the build."""
+    hidden = [
+        (role, target)
+        for role, target in _conf()["nitpick_ignore_regex"]
+        if re.fullmatch(role, "py:class") and re.fullmatch(target, name)
+    ]
+    assert not hidden, f"{name} is silenced by nitpick_ignore_regex {hidden}"
+
+
+@pytest.mark.parametrize(
+    "role, target, ignored",
+    [
+        ("py:class", "torch.Tensor", True),
+        ("py:class", "numpy.ndarray", True),
+        ("py:class", "np.ndarray", True),
+        ("py:class", "pytorch_metric_learning.miners.base_miner.BaseMiner", True),
+        ("py:class", "pathlib.Path", True),
+        ("py:class", "torchvision", False),  # a prefix is not enough: the dot is required
+        ("py:class", "numpyish.thing", False),
+    ],
+)
+def test_nitpick_regexes_cover_each_library_by_its_dotted_prefix(role, target, ignored):
+    matched = any(
+        re.fullmatch(r, role) and re.fullmatch(t, target)
+        for r, t in _conf()["nitpick_ignore_regex"]
+    )
+    assert matched is ignored, (role, target)
