@@ -5,8 +5,8 @@ collects the lines and prints a Markdown table. Memory is the growth of the resi
 (RSS) over its value just before the measured calls; time is the best of several calls after
 untimed warm-up calls. A script keeps only its cases, its own flags and its table's columns:
 
-* :func:`add_timing_flags` -- ``--warmup``, ``--repeats``, ``--rounds``, ``--threads`` and the
-  hidden ``--child CASE NUMBER...`` that re-enters the script in a subprocess;
+* :func:`add_timing_flags` -- ``--warmup``, ``--repeats``, ``--rounds``, ``--threads``,
+  ``--smoke`` and the hidden ``--child CASE NUMBER...`` that re-enters the script in a subprocess;
 * :func:`bench_main` -- a child prints ``run_case(CASE, *NUMBERS)`` as JSON, the parent reports;
 * :func:`measure_cases` -- each case in fresh subprocesses, ``--rounds`` interleaved rounds;
 * :func:`print_header` / :func:`print_row` / :func:`mib` -- the table;
@@ -22,6 +22,13 @@ untimed warm-up calls. A script keeps only its cases, its own flags and its tabl
   ``torch.cuda``'s peak statistics, while a CPU peak is not measured -- ``ru_maxrss`` never goes
   down -- and is reported as ``-``). A case that fails in-process (e.g. CUDA out of memory) is
   recorded with its error instead of stopping the table.
+
+``--smoke`` checks that a script runs, quickly (``tests/test_benchmarks.py``): every case once
+(no warm-up, one timed call, one round) in the script's own process, so the script costs one
+interpreter start instead of one or two per case and round. A CPU case's peak is still its own:
+the process's peak RSS is reset before each case (:func:`reset_peak_rss`). A failing case stops
+the script with its traceback. The numbers are not measurements (one cold call, no allocator
+setting): the table's shape and every code path are what a smoke run checks.
 """
 
 from __future__ import annotations
@@ -59,6 +66,19 @@ def rss_bytes() -> int:
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (``ru_maxrss``), in bytes."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss() -> None:
+    """Resets this process's peak RSS (``VmHWM``, which ``ru_maxrss`` reads) to its current RSS.
+
+    Writes ``5`` to ``/proc/self/clear_refs`` (Linux >= 4.0, ``man 5 proc``), so the next
+    :func:`time_calls` in this process measures its own peak, as in a fresh process.
+
+    Raises:
+        OSError: the kernel refuses the reset (the message names the file).
+    """
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def time_calls(step: Callable[[], object], warmup: int, repeats: int) -> dict:
@@ -128,7 +148,8 @@ def add_timing_flags(
     threads: int | None = 2,
     threads_help: str | None = None,
 ) -> None:
-    """Adds ``--warmup``, ``--repeats``, ``--rounds``, ``--threads`` and the hidden ``--child``.
+    """Adds ``--warmup``, ``--repeats``, ``--rounds``, ``--threads``, ``--smoke`` and the hidden
+    ``--child``.
 
     Args:
         parser: the script's parser.
@@ -142,7 +163,18 @@ def add_timing_flags(
     parser.add_argument("--rounds", type=int, default=2, help="subprocess rounds per case")
     if threads is not None:
         parser.add_argument("--threads", type=int, default=threads, help=threads_help)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="check the script runs: every case once in this process (0 warm-up, 1 timed "
+        f"{unit[:-1]}, 1 round); the numbers are not measurements",
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+
+
+SMOKE_NOTE = (
+    "smoke run (--smoke): every case once in this process; the numbers are not measurements"
+)
 
 
 def add_pairwise_flags(parser: argparse.ArgumentParser, sizes: list[int]) -> None:
@@ -288,12 +320,15 @@ def bench_main(
         report: measures every case through subprocesses and prints the table.
     """
     args = parser.parse_args()
-    args.run_case = run_case  # for --in-process (measure_in_child)
+    args.run_case = run_case  # for --in-process and --smoke (measure_in_child)
     if args.child:
         case, *numbers = args.child
         print(json.dumps(run_case(case, *map(int, numbers))))
-    else:
-        report(args)
+        return
+    if args.smoke:
+        args.warmup, args.repeats, args.rounds = 0, 1, 1
+        print(SMOKE_NOTE, flush=True)
+    report(args)
 
 
 # -- subprocesses ---------------------------------------------------------------------------------
@@ -306,7 +341,7 @@ def measure_in_child(
     env_extra: dict | None = None,
 ) -> dict:
     """Measures ``case`` by running ``script --child case *numbers warmup repeats [threads]``
-    (with ``--in-process``: :func:`measure_in_process` instead).
+    (with ``--smoke``: :func:`measure_smoke`; with ``--in-process``: :func:`measure_in_process`).
 
     Args:
         script: the benchmark script (its ``__file__``).
@@ -318,6 +353,8 @@ def measure_in_child(
         env_extra: environment of the timing child on top of ours.
     """
     threads = [args.threads] if "threads" in args else []
+    if getattr(args, "smoke", False):
+        return measure_smoke(args.run_case, case, [*numbers, args.warmup, args.repeats, *threads])
     if getattr(args, "in_process", False):
         return measure_in_process(
             args.run_case, case, [*numbers, args.warmup, args.repeats, *threads]
@@ -348,6 +385,16 @@ def measure_in_process(run_case: Callable[..., dict], case: str, numbers: Sequen
         return {"time": None, "peak": None, "error": error}
     if result.pop("peak_kind", "rss") != "cuda":
         result["peak"] = None
+    return result
+
+
+def measure_smoke(run_case: Callable[..., dict], case: str, numbers: Sequence[int]) -> dict:
+    """``--smoke``: ``run_case(case, *numbers)`` in this process after :func:`reset_peak_rss`, so
+    a CPU peak is the case's own; an exception propagates (a smoke run fails on a broken case)."""
+    gc.collect()  # the previous case's tensors, before the peak is reset
+    reset_peak_rss()
+    result = run_case(case, *numbers)
+    result.pop("peak_kind", None)
     return result
 
 

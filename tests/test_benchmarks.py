@@ -1,7 +1,15 @@
 """The benchmark scripts run end to end (tiny sizes; no timing is asserted) and their shared
-measurement helpers keep best times and largest peaks."""
+measurement helpers keep best times and largest peaks.
 
+The scripts run with ``--smoke`` (every case once, in the script's own process: one interpreter
+start per script instead of one or two per case and round); one test runs the normal
+subprocess-per-case path, and :func:`measure_in_child` is checked directly in both modes.
+Runs with the same arguments are shared within a test process (:func:`smoke`)."""
+
+import argparse
+import functools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +21,12 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from _measure import (  # noqa: E402
+    LOW_MMAP_THRESHOLD,
+    SMOKE_NOTE,
     best_over_rounds,
     competing_load,
     machine_load,
+    measure_in_child,
     run_json,
     time_calls,
 )
@@ -35,18 +46,25 @@ def run_script(name: str, *args: str) -> str:
     return done.stdout
 
 
+@functools.cache
+def smoke(name: str, *args: str) -> str:
+    """``name *args --smoke``'s output; a second call with the same arguments reuses it."""
+    out = run_script(name, *args, "--smoke")
+    assert out.startswith(SMOKE_NOTE)
+    return out
+
+
 def table_rows(output: str) -> list[list[str]]:
     rows = [line.strip("|").split("|") for line in output.splitlines() if line.startswith("| ")]
     cells = [[cell.strip() for cell in row] for row in rows]
     return [row for row in cells if row[0] not in ("N", "case") and not row[0].startswith("---")]
 
 
+HISTOGRAM_AP_TWO_SIZES = ("bench_histogram_ap.py", "--sizes", "32", "48", "--pml-max", "32")
+
+
 def test_bench_histogram_ap_prints_one_row_per_size():
-    out = run_script(
-        "bench_histogram_ap.py",
-        *("--sizes", "32", "48", "--pml-max", "32"),
-        *("--warmup", "0", "--repeats", "1", "--rounds", "1"),
-    )
+    out = smoke(*HISTOGRAM_AP_TWO_SIZES)
     rows = table_rows(out)
     assert [row[0] for row in rows] == ["32", "48"]
     assert rows[0][4].endswith("x") and rows[1][2] == "skipped"
@@ -61,24 +79,78 @@ def test_bench_histogram_ap_prints_one_row_per_size():
     ],
 )
 def test_bench_under_a_competing_load_names_it_and_stops_it(script, load, name):
-    out = run_script(
-        script,
-        *("--sizes", "32", "--load", load),
-        *("--warmup", "0", "--repeats", "1", "--rounds", "1"),
-    )
+    out = smoke(script, "--sizes", "32", "--load", load)
     assert [row[0] for row in table_rows(out)] == ["32"]
     assert f"competing load: a {name}" in out
     assert "before: load average" in out and "after: load average" in out
 
 
 def test_bench_histogram_ap_reports_map_q_next_to_fastap():
+    # The normal path (no --smoke): each case measured in its own --child subprocess.
     out = run_script(
         "bench_histogram_ap.py",
         *("--sizes", "32", "--warmup", "0", "--repeats", "1", "--rounds", "1"),
     )
+    assert SMOKE_NOTE not in out
     header = next(line for line in out.splitlines() if line.startswith("| N "))
     assert "mAP_Q s" in header and "PML / mAP_Q" in header
-    assert table_rows(out)[0][-2].endswith("x")  # mAP_Q / floor
+    row = table_rows(out)[0]
+    assert row[-2].endswith("x")  # mAP_Q / floor
+    # the smoke run prints the same table: same header, same cells filled
+    smoke_out = smoke(*HISTOGRAM_AP_TWO_SIZES)
+    assert header in smoke_out.splitlines()
+    shape = [re.sub(r"[\d.]+", "9", cell) for cell in row]  # "9x", "9/9", "9", "skipped"...
+    assert [re.sub(r"[\d.]+", "9", cell) for cell in table_rows(smoke_out)[0]] == shape
+    assert "skipped" not in shape and "-" not in shape and "error" not in shape
+
+
+def write_child_script(path: Path) -> Path:
+    """A stand-in benchmark child: prints ``{"time": its repeats, "peak": MALLOC_MMAP_THRESHOLD_ or
+    -1, "argv": its arguments}`` as JSON."""
+    path.write_text(
+        "import json, os, sys\n"
+        "print(json.dumps({'time': float(sys.argv[-2]), "
+        "'peak': int(os.environ.get('MALLOC_MMAP_THRESHOLD_', -1)), 'argv': sys.argv[1:]}))\n"
+    )
+    return path
+
+
+def test_measure_in_child_times_one_child_and_takes_the_peak_from_a_second(tmp_path):
+    script = write_child_script(tmp_path / "child.py")
+    args = argparse.Namespace(warmup=3, repeats=7, rounds=1, threads=2)
+    one = measure_in_child(str(script), "case", [5, 6], args)
+    assert one == {"time": 7.0, "peak": -1, "argv": ["--child", "case", "5", "6", "3", "7", "2"]}
+    two = measure_in_child(str(script), "case", [5], args, memory_pass=True)
+    # time from the timing child (default allocator), peak from the memory child (0 warm-up)
+    assert two == {"time": 7.0, "peak": int(LOW_MMAP_THRESHOLD["MALLOC_MMAP_THRESHOLD_"])}
+
+
+def test_smoke_measures_each_case_once_in_this_process_with_its_own_peak():
+    calls = []
+
+    def run_case(case, size, warmup, repeats, threads):
+        calls.append((case, os.getpid(), size, warmup, repeats, threads))
+        # a block of ``size`` bytes written in the timed call: the case's own peak
+        return time_calls(lambda: torch.ones(size, dtype=torch.uint8).sum(), warmup, repeats)
+
+    args = argparse.Namespace(warmup=0, repeats=1, rounds=1, threads=1, smoke=True)
+    args.run_case = run_case
+    big = measure_in_child("never-run.py", "big", [64 * 2**20], args, memory_pass=True)
+    small = measure_in_child("never-run.py", "small", [2**20], args, memory_pass=True)
+    assert calls == [
+        ("big", os.getpid(), 64 * 2**20, 0, 1, 1),
+        ("small", os.getpid(), 2**20, 0, 1, 1),
+    ]
+    assert big["time"] >= 0 and big["peak"] >= 32 * 2**20
+    # the peak was reset between the cases: the small case does not inherit the big one's
+    assert small["peak"] < 16 * 2**20
+
+    def broken(*numbers):
+        raise ZeroDivisionError("a broken case")
+
+    args.run_case = broken
+    with pytest.raises(ZeroDivisionError, match="a broken case"):  # not recorded as an error row
+        measure_in_child("never-run.py", "broken", [1], args)
 
 
 def running_commands() -> str:
@@ -101,29 +173,19 @@ def test_competing_load_runs_during_the_block_only():
 
 
 def test_bench_chunked_with_loader_workers_names_the_data_loader():
-    out = run_script(
-        "bench_chunked.py",
-        *("--batch", "16", "--chunk", "8", "--loader-workers", "2", "--repeats", "1"),
-        *("--rounds", "1"),
-    )
+    out = smoke("bench_chunked.py", "--batch", "16", "--chunk", "8", "--loader-workers", "2")
     assert [row[0] for row in table_rows(out)] == ["chunked", "plain small", "plain large"]
     assert "DataLoader with 2 worker processes" in out
 
 
 def test_bench_chunked_prints_the_three_cases_and_ratios():
-    out = run_script(
-        "bench_chunked.py", *("--batch", "32", "--chunk", "8", "--repeats", "1", "--rounds", "1")
-    )
+    out = smoke("bench_chunked.py", "--batch", "32", "--chunk", "8")
     assert [row[0] for row in table_rows(out)] == ["chunked", "plain small", "plain large"]
     assert "chunked time / plain large time:" in out
 
 
 def test_bench_ranked_list_prints_one_row_per_size():
-    out = run_script(
-        "bench_ranked_list.py",
-        *("--sizes", "32", "48", "--pml-max", "32"),
-        *("--warmup", "0", "--repeats", "1", "--rounds", "1"),
-    )
+    out = smoke("bench_ranked_list.py", "--sizes", "32", "48", "--pml-max", "32")
     rows = table_rows(out)
     assert [row[0] for row in rows] == ["32", "48"]
     assert rows[0][5].endswith("x") and rows[1][3] == "skipped"
@@ -131,10 +193,9 @@ def test_bench_ranked_list_prints_one_row_per_size():
 
 
 def test_bench_memory_bank_toy_size_prints_every_case():
-    out = run_script(
+    out = smoke(
         "bench_memory_bank.py",
         *("--memory", "64", "--batch", "8", "--dim", "8", "--device", "cpu", "--paired"),
-        *("--warmup", "0", "--repeats", "1", "--rounds", "1"),
     )
     all_rows = table_rows(out)
     rows, paired = all_rows[:10], all_rows[10:]
@@ -180,8 +241,7 @@ def test_paired_times_rotate_the_order_so_each_case_is_timed_in_each_position():
 
 
 def test_bench_memory_bank_cuda_runs_on_a_gpu_or_says_there_is_none():
-    args = ["--memory", "64", "--batch", "8", "--dim", "8", "--device", "cuda"]
-    args += ["--warmup", "0", "--repeats", "1", "--rounds", "1"]
+    args = ["--memory", "64", "--batch", "8", "--dim", "8", "--device", "cuda", "--smoke"]
     if torch.cuda.is_available():  # the CUDA timing branch at toy size
         rows = table_rows(run_script("bench_memory_bank.py", *args))
         assert len(rows) == 10 and all(row[2].endswith("x") for row in rows)
@@ -233,13 +293,9 @@ def test_run_json_reports_a_failing_child():
     assert run_json(["-c", "print('noise'); print('{\"a\": 1}')"]) == {"a": 1}
 
 
-@pytest.mark.slow  # 4 subprocesses, 2 of them spawning 2 gloo processes (about 40 s of CPU)
+@pytest.mark.slow  # 2 of the 4 cases spawn 2 gloo processes (about 15 s of CPU)
 def test_bench_distributed_prints_four_cases_and_ratios():
-    out = run_script(
-        "bench_distributed.py",
-        *("--batch", "16", "--chunk", "4", "--warmup", "0", "--repeats", "1", "--rounds", "1"),
-        "--single-pass",
-    )
+    out = smoke("bench_distributed.py", "--batch", "16", "--chunk", "4")
     rows = table_rows(out)
     assert [row[0] for row in rows] == ["plain R=1", "plain R=2", "chunked R=1", "chunked R=2"]
     assert [row[2] for row in rows] == ["16", "8", "16", "8"]

@@ -1,5 +1,8 @@
 """``compare``: fault isolation, fail-fast config errors, CSV = Markdown, re-summarizing from run
-folders, ``--reference``, config dicts and ``--jobs 2`` = ``--jobs 1`` (tiny stand-in budget)."""
+folders, ``--reference``, config dicts and ``--jobs 2`` = ``--jobs 1`` (tiny stand-in budget).
+
+One finished comparison (two methods x two seeds, :func:`finished`) is trained once per module and
+shared: tests that change its folder work on a copy."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import copy
 import csv
 import json
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,6 +70,24 @@ def config_file(tmp_path):
     return path
 
 
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[Path, dict]:
+    """``compare`` of :func:`two_methods` with 2 seeds, ``--reference MultiSimilarity``, pictures
+    drawn: its folder and summary, trained once for the module (read it, or copy it first)."""
+    base = tmp_path_factory.mktemp("finished")
+    dump_yaml(two_methods(), base / "two.yaml")
+    summary = compare.run_comparison(
+        base / "two.yaml", base / "cmp", seeds=2, overrides=FAST[1::2], reference="MultiSimilarity"
+    )
+    return base / "cmp", summary
+
+
+def copy_of(finished: tuple[Path, dict], out: Path) -> tuple[Path, dict]:
+    """The :func:`finished` comparison copied to ``out``, with a copy of its summary."""
+    shutil.copytree(finished[0], out)
+    return out, copy.deepcopy(finished[1])
+
+
 def test_failed_run_is_reported_and_the_others_complete(tmp_path, capsys):
     path = tmp_path / "crash.yaml"
     dump_yaml(two_methods(Crashing={"loss_funcs": {"metric_loss": {"CrashingLoss": {}}}}), path)
@@ -114,11 +137,8 @@ def _markdown_rows(text: str) -> dict[str, list[str]]:
     return {c[0]: c for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in table[2:])}
 
 
-def test_csv_and_markdown_agree_and_summaries_recompute_from_run_folders(tmp_path, config_file):
-    out = tmp_path / "cmp"
-    summary = compare.run_comparison(
-        config_file, out, seeds=2, overrides=FAST[1::2], reference="MultiSimilarity"
-    )
+def test_csv_and_markdown_agree_and_summaries_recompute_from_run_folders(tmp_path, finished):
+    out, summary = copy_of(finished, tmp_path / "cmp")  # summary.json is removed below
     assert summary["reference"] == "MultiSimilarity"
     assert list(summary["differences"]) == ["Contrastive"]
     md = (out / "comparison.md").read_text()
@@ -154,14 +174,18 @@ def test_csv_and_markdown_agree_and_summaries_recompute_from_run_folders(tmp_pat
     assert (out / "comparison.md").read_text() == md.replace("(seeds, up to 2)", "(seeds, up to 2)")
 
 
-def test_run_comparison_accepts_config_dicts(tmp_path):
+def test_run_comparison_accepts_config_dicts(tmp_path, finished):
     cfg = two_methods()
     single = copy.deepcopy(cfg)
     single.pop("methods")
     single["name"] = "solo"
+    out = tmp_path / "cmp"
+    for method in ("Contrastive", "MultiSimilarity"):  # seed 0 of the same two methods: reused
+        shutil.copytree(finished[0] / method / "seed0", out / method / "seed0")
     summary = compare.run_comparison(
-        [cfg, single], tmp_path / "cmp", overrides=FAST[1::2], pictures=False
+        [cfg, single], out, overrides=FAST[1::2], pictures=False, resume=True
     )
+    assert (out / "solo" / "seed0" / "metrics.json").is_file()  # the one run trained here
     assert list(summary["rows"]) == ["Contrastive", "MultiSimilarity", "solo"]
     assert summary["rows"]["solo"]["precision_at_1"]["n"] == 1
     assert "(n=1, no CI)" in (tmp_path / "cmp" / "comparison.md").read_text()
@@ -169,17 +193,19 @@ def test_run_comparison_accepts_config_dicts(tmp_path):
 
 
 @pytest.mark.slow  # two spawned workers each import torch and PML
-def test_jobs_2_equals_jobs_1(tmp_path, config_file):
+def test_jobs_2_equals_jobs_1(tmp_path, config_file, finished):
     torch.set_num_threads(1)
-    common = dict(seeds=2, overrides=FAST[1::2], pictures=False)
-    seq = compare.run_comparison(config_file, tmp_path / "seq", jobs=1, **common)
-    par = compare.run_comparison(config_file, tmp_path / "par", jobs=2, **common)
+    seq_dir, seq = finished  # the same config, seeds and overrides, with --jobs 1
+    assert seq["jobs"] == 1
+    par = compare.run_comparison(
+        config_file, tmp_path / "par", jobs=2, seeds=2, overrides=FAST[1::2], pictures=False
+    )
     assert par["jobs"] == 2
     for method in ("Contrastive", "MultiSimilarity"):
         for metric in seq["metrics"]:
             assert par["rows"][method][metric]["values"] == seq["rows"][method][metric]["values"]
         for i in range(2):
-            a = json.loads((tmp_path / "seq" / method / f"seed{i}" / "metrics.json").read_text())
+            a = json.loads((seq_dir / method / f"seed{i}" / "metrics.json").read_text())
             b = json.loads((tmp_path / "par" / method / f"seed{i}" / "metrics.json").read_text())
             assert a["history"] == b["history"] and a["test"] == b["test"]
 

@@ -1,20 +1,17 @@
 """``tune`` storage: a real PostgreSQL server shared by two workers, and a killed tune resumed.
 
-The PostgreSQL test starts a private server (``initdb`` + ``pg_ctl``) in a temporary folder on a
-free local port, as the unprivileged ``postgres`` user when run as root (``initdb`` refuses
-root), and stops it afterwards. It is skipped, with the reason, where the binaries are missing.
+The PostgreSQL test gets a database of its own on the session's private server (the
+``postgres`` fixture, ``tests/running/conftest.py``); it is skipped, with the reason, where the
+PostgreSQL binaries are missing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -28,73 +25,7 @@ from pml_rank_plugins.running import tune as tuning
 from pml_rank_plugins.running.parent import pid_alive
 from tests.running.test_tune import glyph_config
 
-PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def as_pg_user(args: list[str]) -> list[str]:
-    """``args`` run as ``postgres`` when we are root (initdb and postgres refuse root)."""
-    if os.geteuid() == 0:
-        return ["runuser", "-u", "postgres", "--", *args]
-    return args
-
-
-@pytest.fixture
-def postgres():
-    if not (PG_BIN / "initdb").exists() or not (PG_BIN / "pg_ctl").exists():
-        pytest.skip(f"PostgreSQL binaries not found in {PG_BIN} (set PG_BIN)")
-    if os.geteuid() == 0 and shutil.which("runuser") is None:
-        pytest.skip("running as root without runuser: cannot start postgres unprivileged")
-    # pytest's tmp folders are private to root; the server runs as postgres and needs its own
-    base = Path(tempfile.mkdtemp(prefix="pml-rank-pg-"))
-    data = base / "data"
-    if os.geteuid() == 0:
-        shutil.chown(base, "postgres")
-    port = free_port()
-    subprocess.run(
-        as_pg_user([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"]),
-        check=True,
-        capture_output=True,
-    )
-    opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1"
-    log = base / "log"
-    subprocess.run(
-        as_pg_user(
-            [str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(log), "-w", "start"]
-        ),
-        check=True,
-        capture_output=True,
-    )
-    try:
-        subprocess.run(
-            as_pg_user(
-                [
-                    str(PG_BIN / "createdb"),
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    str(port),
-                    "-U",
-                    "postgres",
-                    "tune",
-                ]
-            ),
-            check=True,
-            capture_output=True,
-        )
-        yield f"postgresql://postgres:s3cret@127.0.0.1:{port}/tune"
-    finally:
-        subprocess.run(
-            as_pg_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
-            capture_output=True,
-        )
-        shutil.rmtree(base, ignore_errors=True)  # the folder this fixture created
 
 
 def contrastive_only(**kw) -> dict:
