@@ -3,7 +3,9 @@
 Runs the CLI in this process on a tiny config (the tiny dataset and model of ``tests/tiny.py``,
 2 epochs x 3 iterations) with counters wrapped around the functions that parse, validate or build
 from a config, and prints one Markdown table: a row per counted function, a column per command
-(``train``: 1 run; ``compare``: 2 methods x 1 seed, ``--no-pictures`` and with pictures).
+(``train``: 1 run; ``compare``: 2 methods x 1 seed, ``--no-pictures`` and with pictures; then
+the same comparison as the CLI runs it once it hands the specs it collected to
+``run_comparison`` instead of the config paths: ``-`` before that was possible).
 
 Every reference to a counted function inside the package (``from .schema import validate`` binds
 the name in the importing module too) is replaced by the counting wrapper, so calls through any
@@ -119,6 +121,23 @@ def run(argv: list[str], found: dict[str, bool]) -> dict[str, int | None]:
     return {k: (COUNTS[k] if found[k] else None) for k in COUNTED}
 
 
+def run_library(path: Path, out: Path, pictures: bool, found: dict) -> dict[str, int | None]:
+    """What ``pml-rank compare`` does once it hands its collected specs to ``run_comparison``
+    (the CLI's ``collect_methods`` -> ``check_methods`` -> ``run_comparison(specs, ...)``)."""
+    from pml_rank_plugins.experiment import check_methods, collect_methods
+    from pml_rank_plugins.experiment.methods import collected
+    from pml_rank_plugins.reporting import run_comparison
+
+    COUNTS.clear()
+    specs = collect_methods([path], (), None, None)
+    if not collected(specs):  # before issue 30: collect_methods returned dicts
+        return {k: None for k in COUNTED}
+    check_methods(specs)
+    with contextlib.redirect_stdout(io.StringIO()):
+        run_comparison(specs, out, seeds=1, pictures=pictures)
+    return {k: (COUNTS[k] if found[k] else None) for k in COUNTED}
+
+
 def main_() -> None:
     logging.disable(logging.WARNING)
     found = install(COUNTS)
@@ -140,6 +159,8 @@ def main_() -> None:
             "`compare` with pictures": run(
                 ["compare", str(tmp / "two.yaml"), "--seeds", "1", "--out", str(tmp / "p")], found
             ),
+            "`compare`, specs handed on": run_library(tmp / "two.yaml", tmp / "s", False, found),
+            "same, with pictures": run_library(tmp / "two.yaml", tmp / "sp", True, found),
         }
     print("| recomputed | " + " | ".join(columns) + " |")
     print("| --- |" + " ---: |" * len(columns))

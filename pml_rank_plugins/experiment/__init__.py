@@ -1,7 +1,7 @@
 """Defining an experiment: configs, names, objects and data (no training happens here).
 
 ``registry`` resolves the class names a config uses, ``schema`` loads, merges and validates
-configs, ``instantiate``/``builder`` make the PML objects, ``datasets``/``transforms``/
+configs, ``spec`` parses a validated config once into a :class:`RunSpec` (what the runner reads), ``instantiate``/``builder`` make the PML objects, ``datasets``/``transforms``/
 ``data_root``/``mlrc``/``revisited`` build the data splits, ``accuracy`` adds Recall@K to PML's
 ``AccuracyCalculator``, ``methods`` collects the methods of a comparison and ``check`` builds
 every object of a config without training (``pml-rank check``). The shipped YAML configs live in
@@ -30,12 +30,16 @@ from .registry import (
 from .schema import ConfigError, dump_yaml, load_config, load_yaml, validate
 from .search_space import check_tune_config, method_space
 from .shipped import resolve_config, shipped_configs
+from .spec import EvalSettings, Protocol, RunSpec
 
 __all__ = [
     "ENV_VAR",
     "ConfigError",
+    "EvalSettings",
     "Experiment",
+    "Protocol",
     "RecallAtKAccuracyCalculator",
+    "RunSpec",
     "UnknownNameError",
     "allow_modules",
     "allowed_modules",

@@ -13,21 +13,23 @@ care which dataset, model, loss or sampler class a config names. What the builde
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 
 from ..trainers import distributed as scaled
 from . import registry, values
-from .accuracy import DEFAULT_METRICS, make_accuracy_calculator, make_tester
+from .accuracy import make_accuracy_calculator, make_tester
 from .data_root import resolve_weights
 from .datasets import build_splits
 from .instantiate import _named_params, build_object, call_named, instantiate
-from .schema import ConfigError, spec_name_and_kwargs, validate
+from .schema import ConfigError, spec_name_and_kwargs
+from .spec import EvalSettings, RunSpec
 from .transforms import collate_for
 
 LOGGER = logging.getLogger(__name__)
@@ -129,22 +131,15 @@ def build_lr_schedulers(config: dict, optimizers: dict) -> dict:
 # --------------------------------------------------------------------------- evaluation
 
 
-def eval_settings(config: dict) -> dict:
-    """The ``eval:`` section with defaults filled in.
+def eval_settings(config: Mapping) -> dict:
+    """The ``eval:`` section with defaults filled in, as a dict (a spec's
+    :attr:`.spec.RunSpec.eval` holds it parsed; the defaults are :data:`.spec.EVAL_DEFAULTS`).
 
     ``validation``/``test`` are lists of split entries: a split name (query = reference = that
     split) or ``{query: name, reference: [names]}`` (query/gallery retrieval).
     """
-    ev = dict(config.get("eval") or {})
-    ev.setdefault("metrics", list(DEFAULT_METRICS))
-    ev.setdefault("recall_at_k", [1, 2, 4, 8])
-    ev.setdefault("k", "max_bin_count")
-    ev.setdefault("primary_metric", "mean_average_precision_at_r")
-    ev.setdefault("test_interval", 1)
-    ev.setdefault("patience", None)
-    ev.setdefault("validation", ["val"])
-    ev.setdefault("test", [])
-    return ev
+    settings = config.eval if isinstance(config, RunSpec) else EvalSettings.parse(config)
+    return copy.deepcopy(settings.section)
 
 
 def splits_to_eval(entries: list, available: dict) -> list[tuple[str, list[str]]]:
@@ -160,20 +155,21 @@ def splits_to_eval(entries: list, available: dict) -> list[tuple[str, list[str]]
     return out
 
 
-def build_tester(config: dict, device: torch.device, end_of_testing_hook=None):
+def build_tester(config: Mapping, device: torch.device, end_of_testing_hook=None):
     """The configured PML tester; its calculator is ours (Recall@K, faiss or ``CustomKNN``)
-    unless the tester spec names an ``accuracy_calculator`` itself."""
-    ev = eval_settings(config)
-    tester_spec = ev.get("tester") or {"GlobalEmbeddingSpaceTester": {}}
+    unless the tester spec names an ``accuracy_calculator`` itself. ``config``: a
+    :class:`.spec.RunSpec` (or a config mapping, whose ``eval:`` section is read)."""
+    ev = config.eval if isinstance(config, RunSpec) else EvalSettings.parse(config)
+    tester_spec = ev.tester or {"GlobalEmbeddingSpaceTester": {}}
     name, kwargs = spec_name_and_kwargs(tester_spec, "eval.tester")
     cls = registry.resolve(name, "eval.tester")
     kwargs = instantiate(kwargs, f"eval.tester.{name}")
     registry.check_keywords(cls, kwargs, "eval.tester")
     values.check_tester(name, kwargs)
     calc = kwargs.pop("accuracy_calculator", None) or make_accuracy_calculator(
-        metrics=ev["metrics"], recall_at_k=ev["recall_at_k"], k=ev["k"], device=device
+        metrics=list(ev.metrics), recall_at_k=list(ev.recall_at_k), k=ev.k, device=device
     )
-    primary = ev["primary_metric"]
+    primary = ev.primary_metric
     if primary not in calc.get_curr_metrics():
         raise ConfigError(
             f"eval.primary_metric {primary!r} is not computed; metrics: {calc.get_curr_metrics()}"
@@ -205,19 +201,31 @@ class Experiment:
     trainer_kwargs: dict
     num_epochs: int
     extra: dict = field(default_factory=dict)
+    spec: RunSpec | None = None
+
+    def eval_entries(self, *kinds: str) -> list:
+        """The config's split entries of ``kinds`` (``"validation"``, ``"test"``) whose query
+        split this experiment built (:meth:`.spec.EvalSettings.entries`)."""
+        ev = self.spec.eval if self.spec is not None else EvalSettings.parse(self.config)
+        return ev.entries(kinds, self.datasets)
 
 
-def build_experiment(config: dict, device: torch.device | str | None = None) -> Experiment:
-    """Validate, seed, then build data, models, losses, miners, optimizers, schedulers and the
-    sampler. Validating here too means every path that builds a run (train, resume, eval of a
-    saved or edited ``config.yaml``, check) refuses the same configs, naming the key."""
-    validate(config)
-    if isinstance(device, str):
-        values.check_device(device, "--device")
-    device = torch.device(device or values.check_device(config.get("device")) or "cpu")
-    seed = values.seed_of(config)
+def build_experiment(
+    config: RunSpec | Mapping, device: torch.device | str | None = None
+) -> Experiment:
+    """Seed, then build data, models, losses, miners, optimizers, schedulers and the sampler.
+
+    ``config``: a :class:`.spec.RunSpec` (validated when it was parsed), or a config mapping,
+    validated here (:meth:`.spec.RunSpec.of`): every path that builds a run (train, resume, eval
+    of a saved or edited ``config.yaml``, check) refuses the same configs, naming the key.
+    ``device``: overrides the config's (``--device``; the CPU when neither says).
+    """
+    spec = RunSpec.of(config)
+    config = spec.config
+    device = spec.torch_device(device)
+    seed = spec.seed
     seed_everything(seed)
-    datasets = build_splits(config, seed)
+    datasets = build_splits(spec, seed)
     if "train" not in datasets:
         raise ConfigError(f"split: one split must be named 'train' (have {sorted(datasets)})")
     values.check_eval_splits(config, datasets)
@@ -255,6 +263,7 @@ def build_experiment(config: dict, device: torch.device | str | None = None) -> 
         trainer_kwargs=tkwargs,
         num_epochs=num_epochs,
         extra={"amp": amp, "grad_scaler": scaled.make_grad_scaler(amp, device)},
+        spec=spec,
     )
 
 

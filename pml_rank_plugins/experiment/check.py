@@ -13,19 +13,19 @@ is run). Models are built on the CPU unless ``device`` says otherwise.
 
 from __future__ import annotations
 
-import copy
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from . import builder, mlrc
+from . import builder
 from .datasets import build_splits
 from .methods import collect_methods
 from .revisited import build_revisited, revisited_entries
 from .schema import spec_name_and_kwargs
 from .search_space import check_tune_config
 from .space_values import check_space_values
+from .spec import RunSpec
 
 
 def _short(obj) -> str:
@@ -67,21 +67,23 @@ def _transforms_text(config: dict) -> str:
     return " ".join(parts)
 
 
-def check_method(name: str, config: dict, device: str | None = None) -> str:
-    """Build everything of one method; return its summary line."""
+def check_method(name: str, config: RunSpec | Mapping, device: str | None = None) -> str:
+    """Build everything of one method (a spec, or a config mapping parsed here); return its
+    summary line."""
     dev = device or "cpu"
-    if config.get("tune"):  # the search space and budget `pml-rank tune` would use
-        check_tune_config(config, name, require=False)
-        check_space_values(config, name)
-    all_folds = mlrc.is_mlrc(config) and mlrc.mlrc_fold(config) is None
-    cfg = mlrc.mlrc_fold_config(config, 0) if all_folds else copy.deepcopy(config)
-    exp = builder.build_experiment(cfg, dev)
-    builder.build_tester(cfg, exp.device)
+    spec = RunSpec.of(config)
+    if spec.get("tune"):  # the search space and budget `pml-rank tune` would use
+        check_tune_config(spec.config, name, require=False)
+        check_space_values(spec.config, name)
+    all_folds = spec.protocol.all_folds
+    run = spec.fold(0) if all_folds else spec
+    cfg = run.config
+    exp = builder.build_experiment(run, dev)
+    builder.build_tester(run, exp.device)
     builder.make_trainer(exp)
     if all_folds:
         folds = [exp.datasets] + [
-            build_splits(mlrc.mlrc_fold_config(config, k), exp.seed)
-            for k in range(1, mlrc.mlrc_num_folds(config))
+            build_splits(spec.fold(k), exp.seed) for k in range(1, spec.protocol.num_folds)
         ]
         data = (
             f"MLRC {len(folds)} folds: "
@@ -102,9 +104,7 @@ def check_method(name: str, config: dict, device: str | None = None) -> str:
     optims = " ".join(_optimizer_text(k, o) for k, o in exp.optimizers.items()) or "-"
     scheds = " ".join(f"{k}={_short(v)}" for k, v in exp.lr_schedulers.items()) or "-"
     sampler = _short(exp.sampler) if exp.sampler is not None else "-"
-    tester = spec_name_and_kwargs(
-        builder.eval_settings(cfg).get("tester") or "GlobalEmbeddingSpaceTester", "eval.tester"
-    )[0]
+    tester = spec_name_and_kwargs(run.eval.tester or "GlobalEmbeddingSpaceTester", "eval.tester")[0]
     return (
         f"{name}: data[{data}] transforms[{_transforms_text(cfg)}] models[{models}] "
         f"loss[{losses}] miners[{miners}] sampler[{sampler}] optim[{optims}] sched[{scheds}] "

@@ -9,7 +9,7 @@ feeds the ``train`` split, ``transforms.eval`` the others (:mod:`.transforms`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -19,10 +19,11 @@ from . import mlrc, registry
 from .data_root import resolve_dataset_spec
 from .instantiate import build_object, call_named, instantiate
 from .schema import ConfigError, spec_name_and_kwargs
+from .spec import Protocol, RunSpec
 from .transforms import build_transforms
 
 
-def build_splits(config: dict, seed: int) -> dict[str, torch.utils.data.Dataset]:
+def build_splits(config: Mapping, seed: int) -> dict[str, torch.utils.data.Dataset]:
     """Datasets -> ``{split name: dataset}``.
 
     Either one ``dataset`` cut by ``split:`` (``split: {<split function>: {...}, names: [train,
@@ -31,13 +32,16 @@ def build_splits(config: dict, seed: int) -> dict[str, torch.utils.data.Dataset]
     from a reader's published split (``CUB200(split=test)``, In-Shop ``query``/``gallery``, ...).
     ``split: {mlrc_protocol: {...}, fold: k}`` gives fold k of the MLRC protocol (see
     :mod:`.mlrc`). ``transforms.train`` feeds the ``train`` split, ``transforms.eval`` the
-    others; relative dataset paths are resolved against ``data_root``.
+    others; relative dataset paths are resolved against ``data_root``. ``config``: a
+    :class:`.spec.RunSpec` (its protocol is read, not resolved again) or a config mapping.
     """
+    protocol = config.protocol if isinstance(config, RunSpec) else Protocol.parse(config)
+    config = config.config if isinstance(config, RunSpec) else config
     transforms = build_transforms(config) or {}
     if "datasets" in config and "dataset" in config:
         raise ConfigError("give either 'dataset' (with 'split') or 'datasets', not both")
     split = dict(config.get("split") or {})
-    if mlrc.is_mlrc(config):
+    if protocol.is_mlrc:
         return mlrc_fold_splits(config, transforms)
     if "datasets" in config:
         if split:

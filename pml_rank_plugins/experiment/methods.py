@@ -1,9 +1,11 @@
-"""Methods of a comparison: ``{method name: config}`` from YAML files or dicts, and their checks.
+"""Methods of a comparison: ``{method name: RunSpec}`` from YAML files or dicts, and their checks.
 
 A config file holds one method, or several under ``methods:`` (each merged over the shared
 top-level keys, see :func:`.schema.expand_methods`). :func:`collect_methods` applies ``--set``
-overrides and selects ``--methods``; :func:`check_methods` builds every method's models, losses
-and miners on the CPU before anything trains, so a config mistake stops a comparison at once.
+overrides, selects ``--methods`` and parses each selected method once into a
+:class:`.spec.RunSpec` (the boundary: nothing below validates again); :func:`check_methods`
+builds every method's models, losses and miners on the CPU before anything trains, so a config
+mistake stops a comparison at once.
 :func:`slug` gives a method's folder name; :func:`check_folders` refuses names that are no safe
 folder name (``..``, ``a/b``, control characters) or share one folder, so every run stays inside
 ``--out``.
@@ -12,15 +14,18 @@ folder name (``..``, ``a/b``, control characters) or share one folder, so every 
 from __future__ import annotations
 
 import copy
+import json
 import re
 import unicodedata
+import weakref
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import torch
 
 from . import builder
-from .schema import ConfigError, apply_set, expand_methods, load_config, parse_set, validate
+from .schema import ConfigError, apply_set, expand_methods, load_config, parse_set
+from .spec import RunSpec
 
 # Characters a folder name keeps; every run of other characters becomes one ``_``.
 _FOLDER_CHARS = r"A-Za-z0-9_.+-"
@@ -111,12 +116,13 @@ def collect_methods(
     overrides: Iterable[str] = (),
     methods: Sequence[str] | None = None,
     data_root: str | None = None,
-) -> dict[str, dict]:
-    """``{method name: config}`` over all configs (``methods`` filters by name, in order).
+) -> dict[str, RunSpec]:
+    """``{method name: spec}`` over all configs (``methods`` filters by name, in order).
 
-    Each item of ``configs`` is a YAML path or a config dict (the content a YAML file would have,
-    ``methods:`` included). Only the selected methods are validated, so a subset runs even where
-    another method names a class that is not installed. ``data_root`` (``--data-root``) becomes
+    Each item of ``configs`` is a YAML path (read once) or a config dict (the content a YAML file
+    would have, ``methods:`` included). Only the selected methods are validated (once each, by
+    :meth:`.spec.RunSpec.parse`), so a subset runs even where another method names a class that
+    is not installed. A spec reads like its config (it is a ``Mapping``). ``data_root`` (``--data-root``) becomes
     every config's ``data_root`` unless an override sets ``data_root`` itself. Selected methods
     whose names are no safe folder name or map to one run folder raise :class:`ConfigError`
     (:func:`check_folders`).
@@ -149,24 +155,51 @@ def collect_methods(
             raise ValueError(f"--methods: unknown {missing}; have {list(out)}")
         out = {m: out[m] for m in methods}
     check_folders(out)
-    for cfg in out.values():
-        validate(cfg)
-    return out
+    return {name: RunSpec.parse(cfg) for name, cfg in out.items()}
 
 
-def check_methods(configs: Mapping[str, dict]) -> None:
-    """Fail fast: validate every config and construct its models, losses and miners on the CPU.
+def collected(configs: object) -> bool:
+    """True for a non-empty ``{method: RunSpec}`` (what :func:`collect_methods` returns), so a
+    caller handed the CLI's specs does not collect (read, override, validate) them again."""
+    return (
+        isinstance(configs, Mapping)
+        and not isinstance(configs, RunSpec)
+        and bool(configs)
+        and all(isinstance(v, RunSpec) for v in configs.values())
+    )
 
-    Raises :class:`ConfigError` naming the method for any error a constructor raises (a bad
+
+# Specs whose objects check_methods built already (a CLI check and the comparison's own).
+_CHECKED: weakref.WeakSet = weakref.WeakSet()
+
+
+def _models_key(spec: RunSpec) -> str:
+    return json.dumps([spec.get("models"), spec.data_root], sort_keys=True, default=str)
+
+
+def check_methods(configs: Mapping[str, RunSpec | Mapping]) -> None:
+    """Fail fast: construct every method's models, losses and miners on the CPU.
+
+    ``configs``: specs (:func:`collect_methods`) or config mappings (validated here). Raises
+    :class:`ConfigError` naming the method for any error a constructor raises (a bad
     ``num_bins``, a missing file named in a model...), before any run starts. Datasets are not
-    built here (too slow); their class and keywords are checked by :func:`validate`.
+    built here (too slow); their class and keywords are checked by :func:`.schema.validate`.
+    A spec is checked once (a second call skips it), and methods sharing one ``models`` section
+    (and data root) build those models once: the same section builds the same way.
     """
+    built_models: set[str] = set()
     for name, cfg in configs.items():
-        validate(cfg)
+        spec = RunSpec.of(cfg)
+        if spec in _CHECKED:
+            continue
+        key = _models_key(spec)
         try:
-            builder.build_models(cfg, torch.device("cpu"))
-            builder.build_losses_and_miners(cfg, torch.device("cpu"))
+            if key not in built_models:
+                builder.build_models(spec.config, torch.device("cpu"))
+                built_models.add(key)
+            builder.build_losses_and_miners(spec.config, torch.device("cpu"))
         except ConfigError as e:
             raise ConfigError(f"method {name!r}: {e}") from e
         except (TypeError, ValueError, KeyError, OSError) as e:
             raise ConfigError(f"method {name!r}: {type(e).__name__}: {e}") from e
+        _CHECKED.add(spec)

@@ -35,26 +35,23 @@ from typing import Any
 
 import numpy as np
 
-from ..data.splits import mlrc_protocol
 from . import registry
-from .schema import ConfigError, spec_name_and_kwargs
+from .schema import SPLIT_KEYS, ConfigError, spec_name_and_kwargs
+from .spec import Protocol
 
 
 def _split_function(config: dict):
-    split = {k: v for k, v in (config.get("split") or {}).items() if k not in _SPLIT_KEYS}
+    split = {k: v for k, v in (config.get("split") or {}).items() if k not in SPLIT_KEYS}
     if not split:
         return None, None, {}
     name, kwargs = spec_name_and_kwargs(split, "split")
     return name, registry.resolve(name, "split"), kwargs
 
 
-_SPLIT_KEYS = ("names", "query_gallery", "fold")
-
-
 def is_mlrc(config: dict) -> bool:
-    """True when ``split:`` names the ``mlrc_protocol`` function."""
-    _, fn, _ = _split_function(config)
-    return fn is mlrc_protocol
+    """True when ``split:`` names the ``mlrc_protocol`` function (a parsed spec holds it:
+    ``spec.protocol.is_mlrc``)."""
+    return Protocol.parse(config).is_mlrc
 
 
 def mlrc_fold(config: dict) -> int | None:

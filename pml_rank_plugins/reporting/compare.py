@@ -29,13 +29,14 @@ from typing import Iterable, Mapping, Sequence
 import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ..experiment.methods import check_methods, collect_methods
+from ..experiment.methods import check_methods, collect_methods, collected
 from ..experiment.schema import equivalence_margin
+from ..experiment.spec import RunSpec
 from ..experiment.tuned import load_tuned, tuned_configs
 from ..running import distributed
 from ..running.pool import Job, execute, is_failed, is_refused, make_jobs
 from . import retrieval
-from .summary import primary_metric, summarize, write_outputs
+from .summary import summarize, write_outputs
 
 LOGGER = logging.getLogger(__name__)
 
@@ -58,7 +59,10 @@ def run_comparison(
 ) -> dict:
     """Train every method with seeds ``seed, seed+1, ...``; write tables, plots and pictures.
 
-    ``configs``: YAML paths and/or config dicts. ``reference``: the method the others are compared
+    ``configs``: YAML paths and/or config dicts, or the ``{method: RunSpec}`` that
+    :func:`~pml_rank_plugins.experiment.methods.collect_methods` returned (the CLI's; then
+    ``overrides``, ``methods`` and ``data_root`` were applied already and are not applied again,
+    except that ``tuned`` applies ``overrides`` to the recorded configs). ``reference``: the method the others are compared
     with (default: the first). ``jobs``: worker processes. With ``resume`` a finished run
     (``metrics.json`` present) is reused, an interrupted one continued and a failed one retried;
     otherwise a folder holding an earlier run is refused unless ``overwrite``. ``data_root``: the
@@ -74,7 +78,10 @@ def run_comparison(
     already in ``out_dir`` untouched; with ``resume`` only missing or out-of-date ones are drawn.
     """
     out_dir = Path(out_dir)
-    selected = collect_methods(configs, overrides, methods, data_root)
+    if collected(configs):
+        selected = dict(configs)
+    else:
+        selected = collect_methods(configs, overrides, methods, data_root)
     tuned_run = load_tuned(tuned) if tuned is not None else None
     changes: dict = {}
     if tuned_run is not None:
@@ -88,9 +95,11 @@ def run_comparison(
     t_all = time.perf_counter()
     all_jobs = make_jobs(selected, out_dir, seeds)
     results = execute(all_jobs, resume, device, jobs, desc="compare", overwrite=overwrite)
-    first = next(iter(selected.values()))
+    first = RunSpec.of(next(iter(selected.values())))
     margin = equivalence_margin(first)
-    summary = summarize(results, reference=reference, primary=primary_metric(first), margin=margin)
+    summary = summarize(
+        results, reference=reference, primary=first.eval.primary_metric, margin=margin
+    )
     summary["total_wall_seconds"] = time.perf_counter() - t_all
     summary["seeds"] = seeds
     summary["jobs"] = jobs
@@ -152,7 +161,12 @@ def write_pictures(
                     else None
                 )
                 paths = retrieval.write_retrieval_pictures(
-                    job.run_dir, job.run_dir.parent, device, pdf=pdf, only_missing=only_missing
+                    job.run_dir,
+                    job.run_dir.parent,
+                    device,
+                    pdf=pdf,
+                    only_missing=only_missing,
+                    spec=job.config,
                 )
                 out[name] = [str(p) for p in paths]
             except Exception as e:  # noqa: BLE001 -- pictures are a bonus; never lose the table

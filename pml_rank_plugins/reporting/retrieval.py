@@ -43,7 +43,8 @@ import tqdm
 from pytorch_metric_learning.testers import base_tester
 
 from ..experiment import builder
-from ..experiment.schema import load_yaml
+from ..experiment.datasets import build_splits
+from ..experiment.spec import RunSpec
 from ..functional.average_precision import ranked_average_precision
 from ..running.checkpoints import choose_checkpoint, load_models
 from . import style
@@ -79,9 +80,8 @@ def choose_queries(labels: Sequence[int], eligible: np.ndarray, num: int, seed: 
     return np.sort(pick)
 
 
-def _split_entry(config: dict, datasets: dict) -> tuple[str, list[str]]:
-    ev = builder.eval_settings(config)
-    entries = list(ev["test"] or []) or list(ev["validation"] or [])
+def _split_entry(spec: RunSpec, datasets: dict) -> tuple[str, list[str]]:
+    entries = spec.eval.entries(["test"]) or spec.eval.entries(["validation"])
     pairs = builder.splits_to_eval(entries[:1], datasets) if entries else []
     if not pairs:
         raise ValueError("config has no eval.test (or eval.validation) split to draw queries from")
@@ -121,30 +121,40 @@ def compute_retrieval(
     k: int = 5,
     seed: int = 0,
     which: str = "best",
+    spec: RunSpec | None = None,
 ) -> dict:
     """Rebuild ``run_dir``'s experiment, load its ``which`` checkpoint and rank the references.
+
+    ``spec``: the run's spec when the caller holds it (a comparison's job), else
+    ``RunSpec.load(run_dir)``. Where the run saved every needed split's embeddings at its final
+    test (:func:`saved_embeddings`), only the datasets are built (the models are not: nothing is
+    embedded).
 
     Returns ``{"split", "reference", "queries": [...], "worst": [...]}``; each entry is
     ``{"query": pos, "label", "ap", "retrieved": [pos...], "correct": [bool...]}`` with positions
     into the query split and the concatenated reference splits.
     """
     run_dir = Path(run_dir)
-    config = load_yaml(run_dir / "config.yaml")
-    exp = builder.build_experiment(config, device)
+    spec = spec if spec is not None else RunSpec.load(run_dir)
     ckpt = choose_checkpoint(run_dir, which)
-    load_models(exp.models, ckpt)
-    qname, refs = _split_entry(config, exp.datasets)
-    tester = builder.build_tester(config, exp.device)
-    trunk, embedder = exp.models["trunk"], exp.models.get("embedder", torch.nn.Identity())
+    builder.seed_everything(spec.seed)  # as build_experiment does before the splits
+    datasets = build_splits(spec, spec.seed)
+    qname, refs = _split_entry(spec, datasets)
+    saved = {name: saved_embeddings(run_dir, name, ckpt) for name in (qname, *refs)}
+    if any(v is None for v in saved.values()):
+        exp = builder.build_experiment(spec, device)
+        load_models(exp.models, ckpt)
+        datasets = exp.datasets
+        tester = builder.build_tester(spec, exp.device)
+        trunk, embedder = exp.models["trunk"], exp.models.get("embedder", torch.nn.Identity())
 
     @functools.cache  # a split that is query and reference (test vs test) is embedded once
     def embed(name):
-        saved = saved_embeddings(run_dir, name, ckpt)
-        if saved is not None:
-            emb, lab = saved
+        if saved[name] is not None:
+            emb, lab = saved[name]
         else:
             with _quiet_tester_bars():
-                emb, lab = tester.get_all_embeddings(exp.datasets[name], trunk, embedder)
+                emb, lab = tester.get_all_embeddings(datasets[name], trunk, embedder)
         return torch.nn.functional.normalize(emb.float(), dim=1).cpu(), lab[:, 0].cpu().numpy()
 
     q_emb, q_lab = embed(qname)
@@ -181,7 +191,7 @@ def compute_retrieval(
         "k": k,
         "queries": [entry(i) for i in chosen],
         "worst": [entry(i) for i in worst],
-        "_datasets": (exp.datasets[qname], [exp.datasets[r] for r in refs]),
+        "_datasets": (datasets[qname], [datasets[r] for r in refs]),
     }
 
 
@@ -257,9 +267,10 @@ def write_retrieval_pictures(
     seed: int = 0,
     pdf: bool = True,
     only_missing: bool = False,
+    spec: RunSpec | None = None,
 ) -> list[Path]:
     """``retrieval.png``, ``worst_queries.png`` (each with a PDF copy) and ``retrieval.json`` for
-    ``run_dir``'s best checkpoint.
+    ``run_dir``'s best checkpoint (``spec``: the run's spec when the caller holds it).
 
     Cost: building the run's experiment and one embedding pass over the test split with the
     run's tester (the same work as the run's final test; most of the time on a CPU), then two
@@ -289,10 +300,11 @@ def write_retrieval_pictures(
     todo = set(missing_pictures(run_dir, out_dir, pdf) if only_missing else paths)
     if not todo:
         return paths
-    res = compute_retrieval(run_dir, device, num_queries, k, seed)
+    spec = spec if spec is not None else RunSpec.load(run_dir)
+    res = compute_retrieval(run_dir, device, num_queries, k, seed, spec=spec)
     query_set, ref_sets = res.pop("_datasets")
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = load_yaml(run_dir / "config.yaml").get("name", run_dir.name)
+    name = spec.get("name", run_dir.name)
     where = f"{res['split']} split, {res['checkpoint']} of {run_dir.name}"
     n_q, n_w = len(res["queries"]), len(res["worst"])
     titles = {

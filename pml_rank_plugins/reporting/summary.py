@@ -21,7 +21,8 @@ from typing import Mapping
 import numpy as np
 
 from ..experiment.methods import slug
-from ..experiment.schema import equivalence_margin, load_yaml
+from ..experiment.schema import equivalence_margin
+from ..experiment.spec import EvalSettings, read_run_config
 from ..running.pool import FAILED_FILE, is_failed, is_refused
 from . import statistics
 from .plots import write_plots
@@ -37,7 +38,7 @@ from .tables import (
 
 def primary_metric(config: dict) -> str:
     """The config's ``eval.primary_metric`` (default MAP@R)."""
-    return str((config.get("eval") or {}).get("primary_metric") or DEFAULT_PRIMARY)
+    return EvalSettings.parse(config).primary_metric
 
 
 def write_outputs(summary: dict, results: dict, out_dir: Path, stem: str = "comparison") -> None:
@@ -201,7 +202,7 @@ def _first_config(out_dir: Path, name: str) -> dict | None:
     any run's when that folder has none)."""
     files = sorted((out_dir / slug(name)).glob("*/config.yaml"), key=lambda p: _run_order(p.parent))
     files = files or sorted(out_dir.glob("*/*/config.yaml"))
-    return load_yaml(files[0]) if files else None
+    return read_run_config(files[0].parent) if files else None
 
 
 def _run_order(run_dir: Path) -> tuple:

@@ -15,6 +15,7 @@ import csv
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..experiment.spec import DEFAULT_PRIMARY
 from . import statistics
 
 METRIC_LABELS = {
@@ -22,7 +23,6 @@ METRIC_LABELS = {
     "r_precision": "RP",
     "mean_average_precision_at_r": "MAP@R",
 }
-DEFAULT_PRIMARY = "mean_average_precision_at_r"
 
 
 def test_metrics(m: dict) -> dict:

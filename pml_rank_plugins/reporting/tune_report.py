@@ -22,9 +22,10 @@ from typing import Iterable, Mapping, Sequence
 import optuna
 from optuna.trial import TrialState
 
-from ..experiment.methods import check_methods, collect_methods, slug
+from ..experiment.methods import check_methods, collect_methods, collected, slug
 from ..experiment.search_space import check_tune_config
 from ..experiment.space_values import check_space_values
+from ..experiment.spec import EvalSettings, RunSpec
 from ..experiment.tuned import TUNE_FILE, TUNE_FORMAT
 from ..running.tune import tune
 from . import style
@@ -38,10 +39,14 @@ def collect_tune_methods(
     overrides: Iterable[str] = (),
     methods: Sequence[str] | None = None,
     data_root: str | None = None,
-) -> dict[str, dict]:
-    """The selected methods' configs, validated, with their tune sections checked (exit 2 on
-    any mistake, before anything trains)."""
-    selected = collect_methods(configs, overrides, methods, data_root)
+) -> dict[str, RunSpec]:
+    """The selected methods' specs (validated once), with their tune sections checked (exit 2
+    on any mistake, before anything trains). ``configs``: YAML paths and/or config dicts, or the
+    ``{method: RunSpec}`` of :func:`collect_methods` (the CLI's: not collected again)."""
+    if collected(configs):
+        selected = dict(configs)
+    else:
+        selected = collect_methods(configs, overrides, methods, data_root)
     check_methods(selected)
     for name, cfg in selected.items():
         check_tune_config(cfg, name)
@@ -60,16 +65,15 @@ def run_tune(
     methods: Sequence[str] | None = None,
     data_root: str | None = None,
 ) -> dict:
-    """Tune the selected methods of ``configs`` into ``out_dir``; write and return ``tune.json``."""
+    """Tune the selected methods of ``configs`` (paths, dicts or the CLI's ``{method: RunSpec}``,
+    see :func:`collect_tune_methods`) into ``out_dir``; write and return ``tune.json``."""
     selected = collect_tune_methods(configs, overrides, methods, data_root)
     summary, studies = tune(selected, out_dir, trials, storage, jobs, device)
     out_dir = Path(out_dir)
     summary["format"] = TUNE_FORMAT
     summary["out_dir"] = str(out_dir)
     summary["trials"] = {m: s["n_trials"] for m, s in summary["methods"].items()}
-    primary = (next(iter(selected.values())).get("eval") or {}).get(
-        "primary_metric", "mean_average_precision_at_r"
-    )
+    primary = EvalSettings.parse(next(iter(selected.values()))).primary_metric
     summary["objective"] = f"validation {primary} at the best epoch"
     write_tune_outputs(summary, studies, out_dir, primary)
     return summary

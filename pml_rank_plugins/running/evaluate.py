@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..experiment import builder
 from ..experiment.revisited import build_revisited, revisited_entries
-from ..experiment.schema import load_yaml
+from ..experiment.spec import RunSpec
+from ..experiment.spec import read_run_config as _read_config
 from ..experiment.transforms import collate_for
 from ..functional.revisited import revisited_evaluate
 from .checkpoints import (
@@ -20,7 +21,7 @@ from .checkpoints import (
     load_checkpoint,
     load_state_dicts,
 )
-from .run_folder import RunFolderError, write_text
+from .run_folder import write_text
 
 
 def strip_level(accuracies: dict) -> dict:
@@ -52,11 +53,6 @@ def run_eval(tester, exp: builder.Experiment, entries: list, epoch: int) -> dict
     return {split: strip_level(acc) for split, acc in all_acc.items()}
 
 
-def split_name(entry) -> str:
-    """The query split of a config split entry (a name or ``{query: q, reference: [...]}``)."""
-    return entry if isinstance(entry, str) else entry["query"]
-
-
 def revisited_eval(config: dict, models: dict, tester) -> dict:
     """``{name: revisited metrics}`` for every ``eval.revisited`` entry (empty if none)."""
     entries = revisited_entries(config)
@@ -86,15 +82,11 @@ def revisited_eval(config: dict, models: dict, tester) -> dict:
 
 
 def read_run_config(run_dir: str | Path, data_root: str | None = None) -> dict:
-    """The saved ``RUN_DIR/config.yaml`` (:class:`RunFolderError` when ``run_dir`` is not a run
-    folder); ``data_root`` replaces the saved one (data moved since training)."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise RunFolderError(
-            f"{run_dir / 'config.yaml'} not found: {run_dir} is not a run folder (give the --out "
-            "of a `pml-rank train` run)"
-        )
-    config = load_yaml(run_dir / "config.yaml")
+    """The saved ``RUN_DIR/config.yaml`` as written, not validated
+    (:func:`pml_rank_plugins.experiment.spec.read_run_config`; :class:`RunFolderError` when
+    ``run_dir`` is not a run folder); ``data_root`` replaces the saved one (data moved since
+    training). :meth:`~pml_rank_plugins.experiment.spec.RunSpec.load` parses it too."""
+    config = _read_config(run_dir)
     if data_root is not None:
         config["data_root"] = str(data_root)
     return config
@@ -105,26 +97,26 @@ def evaluate_run(
     which: str = "best",
     device: str | None = None,
     data_root: str | None = None,
+    spec: RunSpec | None = None,
 ) -> dict:
     """Rebuild one (non-MLRC) run, load ``which`` weights and evaluate every eval split.
 
     Writes and returns ``RUN_DIR/eval.json``: ``{split: {metric: value}}``. ``data_root``
     replaces the saved config's (data moved since training). MLRC runs go through
-    :func:`pml_rank_plugins.running.runner.evaluate`, which dispatches per fold.
+    :func:`pml_rank_plugins.running.runner.evaluate`, which dispatches per fold. ``spec``: the
+    run's spec when the caller loaded it already (``RunSpec.load(run_dir, data_root)``).
     """
     run_dir = Path(run_dir)
-    config = read_run_config(run_dir, data_root)
+    spec = spec if spec is not None else RunSpec.load(run_dir, data_root)
     path = choose_checkpoint(run_dir, which)
     ckpt = load_checkpoint(path, required=WEIGHTS_KEYS)  # before building: fails in a second
-    exp = builder.build_experiment(config, device)
+    exp = builder.build_experiment(spec, device)
     check_models(exp.models, ckpt["models"], path)  # wrong weights: one line, nothing loaded
     load_state_dicts(exp.models, ckpt["models"])
-    ev = builder.eval_settings(config)
-    entries = [e for e in list(ev["validation"] or []) + list(ev["test"] or [])]
-    entries = [e for e in entries if split_name(e) in exp.datasets]
-    tester = builder.build_tester(config, exp.device)
+    entries = exp.eval_entries("validation", "test")
+    tester = builder.build_tester(spec, exp.device)
     out = {"checkpoint": path.name, "epoch": ckpt["epoch"]}
     out.update(run_eval(tester, exp, entries, ckpt["epoch"]))
-    out.update(revisited_eval(config, exp.models, tester))
+    out.update(revisited_eval(spec.config, exp.models, tester))
     write_text(run_dir / "eval.json", json.dumps(out, indent=2))
     return out

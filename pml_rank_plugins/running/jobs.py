@@ -10,13 +10,13 @@ and nothing of it is on disk). :mod:`.pool` runs jobs.
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 from ..experiment.methods import check_folders, slug
+from ..experiment.spec import RunSpec
 from . import run_folder
 
 FAILED_FILE = "failed.json"
@@ -26,18 +26,20 @@ LOGGER = logging.getLogger(__name__)
 @dataclass
 class Job:
     """One training run: ``name`` (method or sweep cell), ``run_id`` (``seed<S>``, ``S`` the
-    config's seed), config, its
-    folder, and the ``--out`` that folder must stay inside (``None``: not checked)."""
+    spec's seed), its :class:`~pml_rank_plugins.experiment.spec.RunSpec` (``config``, named
+    ``name``), its folder, and the ``--out`` that folder must stay inside (``None``: not
+    checked)."""
 
     name: str
     run_id: str
-    config: dict
+    config: RunSpec
     run_dir: Path
     out_dir: Path | None = None
 
 
-def make_jobs(configs: Mapping[str, dict], out_dir: Path, seeds: int) -> list[Job]:
-    """Seeds ``seed, seed+1, ...`` (the config's ``seed`` plus the run index) for every config.
+def make_jobs(configs: Mapping[str, RunSpec | Mapping], out_dir: Path, seeds: int) -> list[Job]:
+    """Seeds ``seed, seed+1, ...`` (the config's ``seed`` plus the run index) for every config
+    (:meth:`~pml_rank_plugins.experiment.spec.RunSpec.seeded_runs`; config mappings are parsed).
 
     Every run folder is ``OUT/<slug(name)>/seed<S>``, ``S`` the seed it trains with (so
     ``compare --tuned``, which trains on the seeds after the tuning seed, writes ``seed1``,
@@ -57,13 +59,11 @@ def make_jobs(configs: Mapping[str, dict], out_dir: Path, seeds: int) -> list[Jo
     jobs = []
     first_seeds: dict[str, int] = {}
     for name, base in configs.items():
-        first_seeds[name] = int(base.get("seed", 0))
-        for i in range(seeds):
-            cfg = copy.deepcopy(base)
-            cfg["seed"] = first_seeds[name] + i
-            cfg["name"] = name
-            run_id = f"seed{cfg['seed']}"
-            job = Job(name, run_id, cfg, out_dir / slug(name) / run_id, out_dir)
+        spec = RunSpec.of(base)
+        first_seeds[name] = spec.seed
+        for run in spec.seeded_runs(name, seeds):
+            run_id = f"seed{run.seed}"
+            job = Job(name, run_id, run, out_dir / slug(name) / run_id, out_dir)
             check_inside(job)
             jobs.append(job)
     if len(set(first_seeds.values())) > 1:

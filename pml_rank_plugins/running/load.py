@@ -1,7 +1,7 @@
 """Using a trained model: load a run folder's models (:func:`load_run`), embed a split with them
 (:func:`embed`) and save the embeddings (:func:`save_embeddings`, ``pml-rank embed``).
 
-:func:`load_run` takes the route ``pml-rank eval`` takes (:func:`.evaluate.read_run_config`,
+:func:`load_run` takes the route ``pml-rank eval`` takes (:meth:`~pml_rank_plugins.experiment.spec.RunSpec.load`,
 :func:`pml_rank_plugins.experiment.build_experiment`, :func:`.checkpoints.choose_checkpoint`,
 weights read with ``torch.load(weights_only=True)`` and checked against the models before they
 are loaded) and hands back the trunk and embedder in eval mode, ready for PML's
@@ -23,12 +23,13 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import torch
 
 from ..experiment import builder
-from ..experiment.mlrc import is_mlrc, mlrc_fold
+from ..experiment.spec import RunSpec
 from ..experiment.transforms import collate_for
 from .checkpoints import (
     WEIGHTS_KEYS,
@@ -40,7 +41,6 @@ from .checkpoints import (
     rng_state,
     set_rng_state,
 )
-from .evaluate import read_run_config
 from .run_folder import RunFolderError, disk_full_as_error
 
 CHECKPOINTS = ("best", "latest")
@@ -96,11 +96,14 @@ def load_run(
         ValueError: ``which`` is neither ``"best"`` nor ``"latest"``.
     """
     run_dir = Path(run_dir)
-    config, path = _config_and_checkpoint(run_dir, which, data_root)
+    spec, path = _config_and_checkpoint(run_dir, which, data_root)
+    config = spec.config
     ckpt = load_checkpoint(path, required=WEIGHTS_KEYS)  # before building: fails in a second
     state = rng_state()
     try:
-        exp = builder.build_experiment(_eval_transforms_everywhere(config), device)
+        exp = builder.build_experiment(
+            spec.with_config(_eval_transforms_everywhere(config)), device
+        )
     finally:
         set_rng_state(state)
     check_models(exp.models, ckpt["models"], path)  # wrong weights: one line, nothing loaded
@@ -110,12 +113,12 @@ def load_run(
     return LoadedRun(trunk, embedder, config, path, epoch, exp.device, exp.datasets, run_dir)
 
 
-def _config_and_checkpoint(run_dir: Path, which: str, data_root) -> tuple[dict, Path]:
-    """The run's saved config and the checkpoint :func:`load_run` loads (checked, not read)."""
+def _config_and_checkpoint(run_dir: Path, which: str, data_root) -> tuple[RunSpec, Path]:
+    """The run's saved spec and the checkpoint :func:`load_run` loads (checked, not read)."""
     if which not in CHECKPOINTS:
         raise ValueError(f"which={which!r}: expected one of {list(CHECKPOINTS)}")
-    config = read_run_config(run_dir, None if data_root is None else str(data_root))
-    if is_mlrc(config) and mlrc_fold(config) is None:
+    spec = RunSpec.load(run_dir, data_root)
+    if spec.protocol.all_folds:
         raise RunFolderError(
             f"{run_dir} is an MLRC protocol folder (one model per fold): load one fold, e.g. "
             f"{run_dir / 'fold0'}"
@@ -126,10 +129,10 @@ def _config_and_checkpoint(run_dir: Path, which: str, data_root) -> tuple[dict, 
             f"{path}: no such checkpoint: {run_dir} is not a finished run (no checkpoints/"
             "best.pt or latest.pt); train it, or finish it with `pml-rank train --resume`"
         )
-    return config, path
+    return spec, path
 
 
-def _eval_transforms_everywhere(config: dict) -> dict:
+def _eval_transforms_everywhere(config: Mapping) -> dict:
     """A copy of ``config`` whose ``train`` split uses ``transforms.eval`` too."""
     config = copy.deepcopy(config)
     spec = config.get("transforms")

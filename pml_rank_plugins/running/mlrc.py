@@ -15,7 +15,6 @@ folds), never other files or folders.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import time
@@ -26,11 +25,11 @@ import torch
 
 from ..experiment import builder
 from ..experiment.datasets import build_splits
-from ..experiment.mlrc import mlrc_fold_config, mlrc_num_folds
 from ..experiment.schema import ConfigError, dump_yaml
+from ..experiment.spec import RunSpec
 from . import distributed, run_folder
 from .checkpoints import choose_checkpoint, load_models
-from .evaluate import evaluate_run, read_run_config
+from .evaluate import evaluate_run
 from .training import load_run_config, train_run
 
 LOGGER = logging.getLogger(__name__)
@@ -40,7 +39,7 @@ MLRC_FILES = ("config.yaml", "metrics.json", "eval.json")
 
 
 def train_mlrc(
-    config: dict,
+    config: RunSpec | dict,
     run_dir: str | Path,
     resume: bool = False,
     stop_after_epoch: int | None = None,
@@ -50,7 +49,8 @@ def train_mlrc(
     """Train every fold into ``run_dir/fold<k>`` then write the protocol's ``metrics.json``.
 
     Args:
-        config: an MLRC config (``split: {mlrc_protocol: ...}`` without ``split.fold``).
+        config: an MLRC spec (``split: {mlrc_protocol: ...}`` without ``split.fold``; a config
+            mapping is parsed).
         run_dir: the protocol's folder.
         resume: continue: finished folds are kept, the others resume from their ``latest.pt``.
         stop_after_epoch: stop a fold early as if interrupted (tests, budgeted runs).
@@ -65,8 +65,9 @@ def train_mlrc(
         RunFolderError: ``run_dir`` holds a run and neither ``resume`` nor ``overwrite`` is set.
     """
     run_dir = Path(run_dir)
+    spec = load_run_config(config, run_dir)
     with run_folder.lock(run_dir) if distributed.is_main_process() else contextlib.nullcontext():
-        return _train_folds(config, run_dir, resume, stop_after_epoch, device, overwrite)
+        return _train_folds(spec, run_dir, resume, stop_after_epoch, device, overwrite)
 
 
 def prepare_mlrc(run_dir: Path, num_folds: int, resume: bool, overwrite: bool) -> None:
@@ -99,28 +100,28 @@ def prepare_mlrc(run_dir: Path, num_folds: int, resume: bool, overwrite: bool) -
         (run_dir / name).unlink(missing_ok=True)
 
 
-def _train_folds(config, run_dir: Path, resume, stop_after_epoch, device, overwrite) -> dict:
+def _train_folds(spec: RunSpec, run_dir: Path, resume, stop_after_epoch, device, overwrite):
     t0 = time.perf_counter()
+    num_folds = spec.protocol.num_folds
     if distributed.is_main_process():
-        prepare_mlrc(run_dir, mlrc_num_folds(config), resume, overwrite)
+        prepare_mlrc(run_dir, num_folds, resume, overwrite)
         with run_folder.disk_full_as_error(run_dir / "config.yaml"):
-            dump_yaml(config, run_dir / "config.yaml")
+            dump_yaml(spec.config, run_dir / "config.yaml")
     fold_metrics = []
-    for k in range(mlrc_num_folds(config)):
+    for k in range(num_folds):
         fold_dir = run_dir / f"fold{k}"
         done = fold_dir / "metrics.json"
         if resume and done.exists():
             m = json.loads(done.read_text())
         else:
-            fold_config = load_run_config(mlrc_fold_config(config, k), fold_dir)
-            m = train_run(fold_config, fold_dir, resume, stop_after_epoch, device)
+            m = train_run(spec.fold(k), fold_dir, resume, stop_after_epoch, device)
         if "interrupted_after_epoch" in m:
             return {"interrupted_after_epoch": m["interrupted_after_epoch"], "fold": k}
         fold_metrics.append(m)
-    test = mlrc_test(config, run_dir, "best", device, [m["test"] for m in fold_metrics])
+    test = mlrc_test(spec, run_dir, "best", device, [m["test"] for m in fold_metrics])
     metrics = {
-        "name": config.get("name", run_dir.name),
-        "seed": int(config.get("seed", 0)),
+        "name": spec.get("name", run_dir.name),
+        "seed": spec.seed,
         "protocol": "mlrc",
         "num_folds": len(fold_metrics),
         "epochs_run": [m["epochs_run"] for m in fold_metrics],
@@ -143,41 +144,45 @@ def _train_folds(config, run_dir: Path, resume, stop_after_epoch, device, overwr
 
 
 def evaluate_mlrc(
-    run_dir: str | Path, which: str = "best", device: str | None = None, data_root=None
+    run_dir: str | Path,
+    which: str = "best",
+    device: str | None = None,
+    data_root=None,
+    spec: RunSpec | None = None,
 ) -> dict:
-    """Re-evaluate every fold (``fold<k>/eval.json``) and the concatenated/separated test."""
+    """Re-evaluate every fold (``fold<k>/eval.json``) and the concatenated/separated test.
+    ``spec``: the protocol folder's spec when the caller loaded it already."""
     run_dir = Path(run_dir)
-    config = read_run_config(run_dir, data_root)
+    spec = spec if spec is not None else RunSpec.load(run_dir, data_root)
     folds = [
         evaluate_run(run_dir / f"fold{k}", which, device, data_root)
-        for k in range(mlrc_num_folds(config))
+        for k in range(spec.protocol.num_folds)
     ]
-    out = mlrc_test(config, run_dir, which, device, folds)
+    out = mlrc_test(spec, run_dir, which, device, folds)
     out["folds"] = folds
     run_folder.write_text(run_dir / "eval.json", json.dumps(out, indent=2))
     return out
 
 
-def mlrc_test(config: dict, run_dir: Path, which: str, device, fold_tests: list[dict]) -> dict:
+def mlrc_test(spec: RunSpec, run_dir: Path, which: str, device, fold_tests: list[dict]) -> dict:
     """``{"test": {concatenated, separated}, "embedding_dim": {...}}`` for the test entries.
 
     ``fold_tests[k]`` is fold k's ``{split: metrics}`` (from its own run); ``separated`` is their
     mean. ``concatenated`` embeds the test splits with every fold's ``which`` weights,
     concatenates along the feature axis (k x dim) and scores with the configured calculator.
     """
-    ev = builder.eval_settings(config)
-    cfg0 = mlrc_fold_config(config, 0)
-    dev = torch.device(device or config.get("device") or "cpu")
-    datasets = build_splits(cfg0, int(config.get("seed", 0)))
-    s2e = builder.splits_to_eval(copy.deepcopy(list(ev["test"] or [])), datasets)
+    spec = RunSpec.of(spec)
+    dev = spec.torch_device(device)
+    datasets = build_splits(spec.fold(0), spec.seed)
+    s2e = builder.splits_to_eval(spec.eval.entries(["test"]), datasets)
     if not s2e:
         raise ConfigError("eval.test: the MLRC protocol needs a test entry (e.g. test: [test])")
-    tester = builder.build_tester(config, dev)
+    tester = builder.build_tester(spec, dev)
     needed = sorted({q for q, _ in s2e} | {r for _, refs in s2e for r in refs})
     per_fold: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = []
     for k in range(len(fold_tests)):
         fold_dir = run_dir / f"fold{k}"
-        models = builder.build_models(mlrc_fold_config(config, k), dev)
+        models = builder.build_models(spec.fold(k).config, dev)
         load_models(models, choose_checkpoint(fold_dir, which))
         per_fold.append(
             {

@@ -35,6 +35,7 @@ import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..experiment import registry
+from ..experiment.spec import RunSpec
 from . import distributed, run_folder, runner
 from .console import (
     ToParentLoggers,
@@ -79,10 +80,10 @@ def _worker_init(
         registry.register(name, obj, override=True)
 
 
-def job_device(config: dict, device: str | None, slot: int | None) -> str | None:
+def job_device(config: RunSpec, device: str | None, slot: int | None) -> str | None:
     """Round robin over GPUs: worker ``slot`` gets ``cuda:<slot % count>`` when the run's device
     is plain ``cuda`` and several GPUs are visible; otherwise the device is unchanged."""
-    want = device or config.get("device")
+    want = RunSpec.of(config).device_for(device)
     if slot is None or want not in ("cuda", "gpu") or torch.cuda.device_count() < 2:
         return device
     return f"cuda:{slot % torch.cuda.device_count()}"
@@ -213,14 +214,7 @@ def execute(
     if n_jobs > 1 and distributed.world_size() > 1:
         raise ValueError("--jobs > 1 cannot be combined with torchrun; use one or the other")
     if not resume and not overwrite:
-        used = [(j.run_dir, run_folder.describe_run(j.run_dir)) for j in jobs]
-        used = [f"{d} ({what})" for d, what in used if what is not None]
-        if used:
-            raise run_folder.RunFolderError(
-                f"{len(used)} run folder(s) already hold runs: {'; '.join(used[:5])}"
-                f"{' ...' if len(used) > 5 else ''}; pass --resume to reuse and continue them, "
-                "--overwrite to replace them, or give another --out"
-            )
+        refuse_used_folders(jobs)
     results: dict[str, dict[str, dict]] = {}
     for job in jobs:
         results.setdefault(job.name, {})[job.run_id] = {}
@@ -235,6 +229,18 @@ def execute(
         else:
             _run_in_workers(jobs, results, resume, device, n_jobs, overwrite, bar)
     return results
+
+
+def refuse_used_folders(jobs: Sequence[Job]) -> None:
+    """:class:`~.run_folder.RunFolderError` listing the jobs' folders that hold a run already."""
+    used = [(j.run_dir, run_folder.describe_run(j.run_dir)) for j in jobs]
+    used = [f"{d} ({what})" for d, what in used if what is not None]
+    if used:
+        raise run_folder.RunFolderError(
+            f"{len(used)} run folder(s) already hold runs: {'; '.join(used[:5])}"
+            f"{' ...' if len(used) > 5 else ''}; pass --resume to reuse and continue them, "
+            "--overwrite to replace them, or give another --out"
+        )
 
 
 def _run_in_workers(jobs, results, resume, device, n_jobs: int, overwrite: bool, bar: dict):

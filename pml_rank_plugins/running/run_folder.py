@@ -32,6 +32,8 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
+from ..experiment.errors import RunFolderError
+
 LOGGER = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
 # What a run writes into its folder (what ``--overwrite`` removes; nothing else is touched).
@@ -44,10 +46,6 @@ RUN_OUTPUTS = (
     "eval.json",
     "embeddings",  # the final test's, for the pictures (training.save_test_embeddings)
 )
-
-
-class RunFolderError(RuntimeError):
-    """The run folder cannot be used as asked (the message says why and what to do)."""
 
 
 class RunFolderBusy(RunFolderError):
@@ -155,6 +153,20 @@ def _target(path: str | Path) -> str:
 _NESTED = threading.local()
 
 
+def _flock_or_busy(fd: int, run_dir: Path) -> None:
+    """Take ``fd``'s exclusive flock at once, or raise :class:`RunFolderBusy` naming the holder."""
+    import fcntl  # POSIX only; imported here so the rest of the package imports anywhere
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        raise RunFolderBusy(
+            f"{run_dir} is in use by another run (pid {holder}); wait for it to finish or "
+            "give another --out"
+        ) from None
+
+
 @contextlib.contextmanager
 def lock(run_dir: str | Path, nested: bool = False) -> Iterator[Path]:
     """Hold an exclusive lock on ``run_dir`` (created if missing) for the ``with`` block.
@@ -172,8 +184,6 @@ def lock(run_dir: str | Path, nested: bool = False) -> Iterator[Path]:
         run_dir: the run folder.
         nested: let later ``lock`` calls of this thread for the same folder share the lock.
     """
-    import fcntl  # POSIX only; imported here so the rest of the package imports anywhere
-
     run_dir = Path(run_dir)
     if run_dir.is_symlink():
         raise UnsafeRunFolder(
@@ -189,14 +199,7 @@ def lock(run_dir: str | Path, nested: bool = False) -> Iterator[Path]:
     path = run_dir / LOCK_NAME
     fd = open_lock_file(path)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            raise RunFolderBusy(
-                f"{run_dir} is in use by another run (pid {holder}); wait for it to finish or "
-                "give another --out"
-            ) from None
+        _flock_or_busy(fd, run_dir)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         if nested:

@@ -7,20 +7,16 @@ per fold, :mod:`.mlrc`); every other config is one run (:mod:`.training`, :mod:`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
-from ..experiment.mlrc import is_mlrc, mlrc_fold
-from .evaluate import evaluate_run, read_run_config
+from ..experiment.spec import RunSpec
+from .evaluate import evaluate_run
 from .mlrc import evaluate_mlrc, train_mlrc
 from .training import load_run_config, train_run
 
 
-def _all_folds(config: dict) -> bool:
-    return is_mlrc(config) and mlrc_fold(config) is None
-
-
 def train(
-    config: dict | None,
+    config: RunSpec | Mapping | None,
     run_dir: str | Path,
     resume: bool = False,
     stop_after_epoch: int | None = None,
@@ -38,15 +34,16 @@ def train(
     as if interrupted (for tests and budgeted runs); the run can then be resumed. A non-finite
     loss or gradient raises :class:`.nonfinite.NonFiniteError`; any failure during training is
     recorded in ``metrics.json`` (``"status": "failed"``). MLRC configs train every fold (same
-    folder policy: lock, refusal, ``overwrite`` removing only our outputs).
+    folder policy: lock, refusal, ``overwrite`` removing only our outputs). ``config``: a
+    :class:`~pml_rank_plugins.experiment.spec.RunSpec` (a config mapping is parsed here).
     """
     run_dir = Path(run_dir)
-    config = load_run_config(config, run_dir)
-    if _all_folds(config):  # one run per fold
+    spec = load_run_config(config, run_dir)
+    if spec.protocol.all_folds:  # one run per fold
         if on_epoch is not None:
             raise ValueError("on_epoch is for single runs; an MLRC config trains one run per fold")
-        return train_mlrc(config, run_dir, resume, stop_after_epoch, device, overwrite)
-    return train_run(config, run_dir, resume, stop_after_epoch, device, overwrite, on_epoch)
+        return train_mlrc(spec, run_dir, resume, stop_after_epoch, device, overwrite)
+    return train_run(spec, run_dir, resume, stop_after_epoch, device, overwrite, on_epoch)
 
 
 def evaluate(
@@ -61,6 +58,7 @@ def evaluate(
     and the concatenated/separated test). ``data_root`` replaces the saved config's (data moved
     since training).
     """
-    if _all_folds(read_run_config(run_dir, data_root)):
-        return evaluate_mlrc(run_dir, which, device, data_root)
-    return evaluate_run(run_dir, which, device, data_root)
+    spec = RunSpec.load(run_dir, data_root)
+    if spec.protocol.all_folds:
+        return evaluate_mlrc(run_dir, which, device, data_root, spec=spec)
+    return evaluate_run(run_dir, which, device, data_root, spec=spec)

@@ -28,6 +28,7 @@ from optuna.trial import TrialState
 
 from ..experiment.schema import ConfigError
 from ..experiment.search_space import optuna_object, tune_section
+from ..experiment.spec import DEFAULT_PRIMARY, EvalSettings, RunSpec  # noqa: F401 -- re-exported
 from ..experiment.tuned import budget_config, config_hash, differences
 from . import run_folder
 from .run_folder import StorageError
@@ -40,7 +41,7 @@ class TuneJob:
     """One method's study: its config, the trial budget and where everything goes."""
 
     method: str
-    config: dict
+    config: RunSpec | dict
     trials: int
     storage: str
     out_dir: Path
@@ -135,7 +136,7 @@ def bind_budget(study: optuna.Study, job: TuneJob) -> str:
                 f"[{job.method}] the study in {public_url(job.storage)} has trials but no "
                 "recorded config (made before budgets were recorded); tune into a new --out"
             )
-        primary = (job.config.get("eval") or {}).get("primary_metric", DEFAULT_PRIMARY)
+        primary = EvalSettings.parse(job.config).primary_metric
         study.set_user_attr("config", config)
         study.set_user_attr("config_hash", digest)
         study.set_user_attr("data_root", root)
@@ -151,9 +152,6 @@ def bind_budget(study: optuna.Study, job: TuneJob) -> str:
             "same config and --set, or tune into a new --out"
         )
     return digest
-
-
-DEFAULT_PRIMARY = "mean_average_precision_at_r"
 
 
 _ENGINES: dict[str, sqlalchemy.engine.Engine] = {}
@@ -237,6 +235,6 @@ def study_summary(study: optuna.Study, wall_seconds: float, config: Mapping) -> 
         "n_interrupted": sum(is_interrupted(t) for t in trials),
         "states": states,
         "wall_seconds": wall_seconds,
-        "seed": int(config.get("seed", 0)),
+        "seed": RunSpec.of(config).seed,
         "direction": study.direction.name.lower(),
     }

@@ -19,45 +19,35 @@ MLRC configs (one run per fold) are dispatched by :func:`pml_rank_plugins.runnin
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from pytorch_metric_learning.utils import logging_presets
 
 from ..experiment import builder
-from ..experiment.schema import dump_yaml, load_yaml, validate
+from ..experiment.schema import dump_yaml
+from ..experiment.spec import RunSpec, read_run_config, split_name
 from . import distributed, nonfinite, run_folder
 from .checkpoints import (
     LATEST_KEYS,
     atomic_torch_save,
-    from_plain,
     load_checkpoint,
     load_models,
-    make_checkpoint,
     restore_checkpoint,
     rng_state,
     set_rng_state,
     state_dicts,
 )
 from .clock import PhaseClock
-from .evaluate import revisited_eval, run_eval, split_name
+from .evaluate import revisited_eval, run_eval
 from .load import save_embeddings
 from .resume import check_resume_config, plateaued
+from .run_state import RunResult, RunState, record_failure
 
 LOGGER = logging.getLogger(__name__)
 LOG_FREQ = 10
-
-
-def plain(value: Any) -> Any:
-    """Deep copy with tuples as lists, so a config equals its YAML round trip."""
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
 
 
 def make_logging(run_dir: Path, primary_metric: str, val_split: str | None, resume: bool):
@@ -78,16 +68,13 @@ def make_logging(run_dir: Path, primary_metric: str, val_split: str | None, resu
 # --------------------------------------------------------------------------- train
 
 
-def load_run_config(config: dict | None, run_dir: Path) -> dict:
-    """``config`` (else ``RUN_DIR/config.yaml``) as plain lists and dicts, validated."""
-    saved_cfg = run_dir / "config.yaml"
-    if config is None:
-        if not saved_cfg.exists():
-            raise run_folder.RunFolderError(f"{saved_cfg} not found: give a config")
-        config = load_yaml(saved_cfg)
-    config = plain(config)
-    validate(config)
-    return config
+def load_run_config(config: RunSpec | Mapping | None, run_dir: Path) -> RunSpec:
+    """The spec of ``config`` (parsed when it is no spec yet), else of ``RUN_DIR/config.yaml``."""
+    if config is not None:
+        return RunSpec.of(config)
+    if not (Path(run_dir) / "config.yaml").exists():
+        raise run_folder.RunFolderError(f"{Path(run_dir) / 'config.yaml'} not found: give a config")
+    return RunSpec.load(run_dir)
 
 
 def _prepare(config: dict, run_dir: Path, resume: bool, overwrite: bool) -> bool:
@@ -100,7 +87,7 @@ def _prepare(config: dict, run_dir: Path, resume: bool, overwrite: bool) -> bool
     # nothing to keep.
     run_folder.prepare(run_dir, resume=resuming, overwrite=overwrite or resume)
     if resuming and saved_cfg.exists():
-        check_resume_config(load_yaml(saved_cfg), config, saved_cfg)
+        check_resume_config(read_run_config(run_dir), config, saved_cfg)
     # Accepted: only now remove what a killed write of ours left (a refused run touches nothing).
     run_folder.remove_partial_writes(run_dir)
     with run_folder.disk_full_as_error(saved_cfg):
@@ -109,7 +96,7 @@ def _prepare(config: dict, run_dir: Path, resume: bool, overwrite: bool) -> bool
 
 
 def train_run(
-    config: dict,
+    spec: RunSpec,
     run_dir: str | Path,
     resume: bool = False,
     stop_after_epoch: int | None = None,
@@ -119,7 +106,7 @@ def train_run(
 ) -> dict:
     """Train one experiment into ``run_dir`` and return the ``metrics.json`` content.
 
-    ``config``: a config as :func:`load_run_config` returns it. ``resume=True`` continues from
+    ``spec``: the run's :class:`~pml_rank_plugins.experiment.spec.RunSpec`. ``resume=True`` continues from
     ``checkpoints/latest.pt`` (only :data:`.resume.BUDGET_KEYS` may differ from the saved config,
     e.g. more epochs to extend a finished run). Without ``resume``, a folder that already holds a run is refused
     unless ``overwrite``. The folder is locked for the whole call (:func:`run_folder.lock`; under
@@ -132,126 +119,241 @@ def train_run(
     """
     run_dir = Path(run_dir)
     # torchrun: one process per device; only rank 0 writes files and evaluates
-    ctx = distributed.setup(device or config.get("device"))
+    ctx = distributed.setup(spec.device_for(device))
     with contextlib.ExitStack() as stack:
         outcome: bool | Exception | None = None
         if ctx.is_main:
             try:
                 stack.enter_context(run_folder.lock(run_dir))
-                outcome = _prepare(config, run_dir, resume, overwrite)
+                outcome = _prepare(spec.config, run_dir, resume, overwrite)
             except Exception as e:  # every rank must raise it, not wait for rank 0
                 outcome = e
         outcome = distributed.broadcast_object(outcome)
         if isinstance(outcome, Exception):
             raise outcome
         distributed.barrier()
-        return _train(config, run_dir, bool(outcome), stop_after_epoch, ctx, on_epoch)
+        return _train(spec, run_dir, bool(outcome), stop_after_epoch, ctx, on_epoch)
 
 
-def _train(config, run_dir: Path, resuming: bool, stop_after_epoch, ctx, on_epoch=None) -> dict:
-    t0 = time.perf_counter()
-    clock = PhaseClock()  # where the time goes (metrics.json "phase_seconds")
-    main = ctx.is_main
-    ckpt_path = run_dir / "checkpoints" / "latest.pt"
-    with clock.phase("setup"):
-        exp = builder.build_experiment(config, ctx.device)
-    ev = builder.eval_settings(config)
-    val_entries = list(ev["validation"] or [])
-    val_entries = [e for e in val_entries if split_name(e) in exp.datasets]
-    primary = ev["primary_metric"]
-    val_split = split_name(val_entries[0]) if val_entries else None
+def _train(spec, run_dir: Path, resuming: bool, stop_after_epoch, ctx, on_epoch=None) -> dict:
+    return EpochLoop(spec, run_dir, ctx, resuming, stop_after_epoch, on_epoch).run()
 
-    history: list[dict] = []
-    best = {"epoch": None, "value": None}
-    start_epoch, stopped_early = 1, False
-    if resuming:
+
+class EpochLoop:
+    """The epoch loop of one run, one named step per concern (as PML's ``BaseTrainer``):
+    :meth:`train_epoch`, :meth:`validate` (which calls :meth:`update_best`), :meth:`end_epoch`
+    (history, plateau, :meth:`save`), :meth:`should_stop` and, after the last epoch,
+    :meth:`finish` (the final test, :meth:`final_test`). What a checkpoint restores is
+    :attr:`state` (:class:`.run_state.RunState`); the outcome is one
+    :class:`.run_state.RunResult`. ``ctx``: :func:`.distributed.setup`'s context (rank 0 alone
+    writes files and evaluates)."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        run_dir: Path,
+        ctx,
+        resuming: bool,
+        stop_after_epoch=None,
+        on_epoch: Callable[[dict], bool] | None = None,
+    ) -> None:
+        self.spec, self.run_dir, self.ctx, self.main = spec, run_dir, ctx, ctx.is_main
+        self.stop_after_epoch, self.on_epoch, self.resuming = stop_after_epoch, on_epoch, resuming
+        self.t0, self.t_epoch = time.perf_counter(), 0.0
+        self.clock = PhaseClock()  # where the time goes (metrics.json "phase_seconds")
+        self.keep = KeptEmbeddings()  # the final test's embeddings, for the pictures
+        self.ckpt_path = run_dir / "checkpoints" / "latest.pt"
+        self.record_keeper = self.tb_writer = self.tester = self.hooks = None
+        with self.clock.phase("setup"):
+            self.exp = builder.build_experiment(spec, ctx.device)
+        self.val_entries = self.exp.eval_entries("validation")
+        self.primary = spec.eval.primary_metric
+        self.val_split = split_name(self.val_entries[0]) if self.val_entries else None
+        self.state = self.resume() if resuming else RunState()
+        self.setup(resuming)
+
+    def resume(self) -> RunState:
+        """Restore ``latest.pt`` into the experiment; its :class:`RunState`."""
         ckpt = distributed.broadcast_object(
-            load_checkpoint(ckpt_path, required=LATEST_KEYS) if main else None
+            load_checkpoint(self.ckpt_path, required=LATEST_KEYS) if self.main else None
         )
-        restore_checkpoint(exp, ckpt, ckpt_path)
-        history, best = from_plain(ckpt["history"]), from_plain(ckpt["best"])
-        # Re-judged with the (possibly changed) patience, so a longer patience continues it.
-        stopped_early = plateaued(ev["patience"], best, ckpt["epoch"])
-        start_epoch = exp.num_epochs + 1 if stopped_early else ckpt["epoch"] + 1
-        LOGGER.info("resuming %s at epoch %d", run_dir, start_epoch)
+        restore_checkpoint(self.exp, ckpt, self.ckpt_path)
+        return RunState.restore(ckpt, self.spec.eval.patience)
 
-    record_keeper = tb_writer = tester = hooks = None
-    with clock.phase("setup"):
-        keep = KeptEmbeddings()  # the final test's embeddings, for the pictures
-        if main:
-            record_keeper, tb_writer, hooks = make_logging(run_dir, primary, val_split, resuming)
-            tester = builder.build_tester(config, exp.device, keep.hook(hooks.end_of_testing_hook))
-        check = nonfinite.NonFiniteCheck(chained=hooks.end_of_iteration_hook if main else None)
-        check.watch(exp.models["embedder"])  # the embeddings the losses get
-        trainer = builder.make_trainer(exp, end_of_iteration_hook=check)
-
-    epoch = start_epoch
-    try:
-        for epoch in range(start_epoch, exp.num_epochs + 1):
-            t_epoch = time.perf_counter()
-            if hasattr(exp.sampler, "set_epoch"):
-                exp.sampler.set_epoch(epoch)
-            check.start_epoch()
-            try:
-                with clock.phase("train"):
-                    trainer.train(start_epoch=epoch, num_epochs=epoch)
-            except nonfinite.NonFiniteError:
-                raise
-            except Exception as e:  # a loss refusing non-finite embeddings: say where
-                check.explain(e, trainer)
-                raise
-            # before validation and any checkpoint: a non-finite model is never saved
-            nonfinite.check_weights({**exp.models, **exp.loss_funcs}, epoch)
-            row: dict[str, Any] = {"epoch": epoch, "train_loss": check.mean_loss()}
-            if val_entries and (epoch % int(ev["test_interval"]) == 0 or epoch == exp.num_epochs):
-                with clock.phase("validation"):
-                    row["validation"] = distributed.broadcast_object(
-                        run_eval(tester, exp, val_entries, epoch) if main else None
-                    )
-                distributed.sync_rng_state(rng_state, set_rng_state)
-                value = row["validation"][val_split].get(primary)
-                trainer.step_lr_plateau_schedulers(value)
-                if value is not None and (best["value"] is None or value > best["value"]):
-                    best = {"epoch": epoch, "value": value}
-                    if main:
-                        with clock.phase("checkpoints"):
-                            atomic_torch_save(
-                                {"epoch": epoch, "models": state_dicts(exp.models)},
-                                run_dir / "checkpoints" / "best.pt",
-                            )
-            history.append(row)
-            if record_keeper is not None:
-                record_keeper.save_records()
-            if plateaued(ev["patience"], best, epoch):
-                LOGGER.info(
-                    "validation %s plateaued for %s epochs; stopping", primary, ev["patience"]
+    def setup(self, resuming: bool) -> None:
+        """Logging (rank 0), tester, the non-finite check and the PML trainer."""
+        with self.clock.phase("setup"):
+            if self.main:
+                self.record_keeper, self.tb_writer, self.hooks = make_logging(
+                    self.run_dir, self.primary, self.val_split, resuming
                 )
-                stopped_early = True
-            if main:
-                with clock.phase("checkpoints"):
-                    ckpt = make_checkpoint(exp, epoch, history, best)
-                    ckpt["stopped_early"] = stopped_early
-                    atomic_torch_save(ckpt, ckpt_path)
-                LOGGER.info(epoch_line(row, exp.num_epochs, val_split, primary, best, t_epoch))
-            if stopped_early:
-                break
-            stop = stop_after_epoch is not None and stop_after_epoch <= epoch
-            if on_epoch is not None and on_epoch(row):
-                stop = True
-            if stop and epoch < exp.num_epochs:
-                distributed.barrier()
-                return {"interrupted_after_epoch": epoch, "history": history, "best": best}
-        timing = (t0, clock, keep)
-        return _finish(config, run_dir, exp, tester, history, best, stopped_early, ctx, timing)
-    except Exception as e:
-        if main:
-            _record_failure(config, run_dir, exp, history, best, e, epoch)
-        raise
-    finally:
-        if record_keeper is not None:
-            record_keeper.save_records()
-        if tb_writer is not None:
-            tb_writer.close()
+                hook = self.keep.hook(self.hooks.end_of_testing_hook)
+                self.tester = builder.build_tester(self.spec, self.exp.device, hook)
+            chained = self.hooks.end_of_iteration_hook if self.main else None
+            self.check = nonfinite.NonFiniteCheck(chained=chained)
+            self.check.watch(self.exp.models["embedder"])  # the embeddings the losses get
+            self.trainer = builder.make_trainer(self.exp, end_of_iteration_hook=self.check)
+
+    def first_epoch(self) -> int:
+        """1, the epoch after the checkpoint's, or past the end for a run stopped early."""
+        if self.state.stopped_early:
+            return self.exp.num_epochs + 1
+        return self.state.epoch + 1
+
+    def run(self) -> dict:
+        """Train the remaining epochs, then :meth:`finish`; returns the ``metrics.json``
+        content, or the interrupted record when :meth:`should_stop` stopped it early."""
+        start = epoch = self.first_epoch()
+        if self.resuming:
+            LOGGER.info("resuming %s at epoch %d", self.run_dir, start)
+        try:
+            for epoch in range(start, self.exp.num_epochs + 1):
+                row = self.train_epoch(epoch)
+                self.validate(epoch, row)
+                self.end_epoch(row)
+                if self.state.stopped_early:
+                    break
+                if self.should_stop(row) and epoch < self.exp.num_epochs:
+                    distributed.barrier()
+                    return self.result("interrupted").as_dict()
+            return self.finish()
+        except Exception as e:
+            if self.main:
+                record_failure(
+                    RunResult.failed(*self.identity(), self.state, e, epoch), self.run_dir
+                )
+            raise
+        finally:
+            self.close()
+
+    def train_epoch(self, epoch: int) -> dict[str, Any]:
+        """One PML ``trainer.train`` epoch; its history row (``epoch``, ``train_loss``). The
+        weights are checked before any validation or checkpoint: a non-finite model is never
+        saved."""
+        self.t_epoch = time.perf_counter()
+        if hasattr(self.exp.sampler, "set_epoch"):
+            self.exp.sampler.set_epoch(epoch)
+        self.check.start_epoch()
+        try:
+            with self.clock.phase("train"):
+                self.trainer.train(start_epoch=epoch, num_epochs=epoch)
+        except nonfinite.NonFiniteError:
+            raise
+        except Exception as e:  # a loss refusing non-finite embeddings: say where
+            self.check.explain(e, self.trainer)
+            raise
+        nonfinite.check_weights({**self.exp.models, **self.exp.loss_funcs}, epoch)
+        return {"epoch": epoch, "train_loss": self.check.mean_loss()}
+
+    def validate(self, epoch: int, row: dict) -> None:
+        """Every ``eval.test_interval`` epochs and at the last: the validation splits into
+        ``row``, the plateau schedulers stepped with the primary metric, the best updated."""
+        interval = self.spec.eval.test_interval
+        if not self.val_entries or (epoch % interval and epoch != self.exp.num_epochs):
+            return
+        with self.clock.phase("validation"):
+            row["validation"] = distributed.broadcast_object(
+                run_eval(self.tester, self.exp, self.val_entries, epoch) if self.main else None
+            )
+        distributed.sync_rng_state(rng_state, set_rng_state)
+        value = row["validation"][self.val_split].get(self.primary)
+        self.trainer.step_lr_plateau_schedulers(value)
+        self.update_best(epoch, value)
+
+    def update_best(self, epoch: int, value: float | None) -> None:
+        """A better ``value``: remembered, and the weights saved as ``best.pt`` (rank 0)."""
+        if not self.state.improves(value):
+            return
+        self.state.best = {"epoch": epoch, "value": value}
+        if self.main:
+            with self.clock.phase("checkpoints"):
+                atomic_torch_save(
+                    {"epoch": epoch, "models": state_dicts(self.exp.models)},
+                    self.run_dir / "checkpoints" / "best.pt",
+                )
+
+    def end_epoch(self, row: dict) -> None:
+        """The row into the history, the record keeper's files, the plateau rule, then
+        :meth:`save`."""
+        state = self.state
+        state.history.append(row)
+        state.epoch = row["epoch"]
+        if self.record_keeper is not None:
+            self.record_keeper.save_records()
+        patience = self.spec.eval.patience
+        if plateaued(patience, state.best, state.epoch):
+            LOGGER.info("validation %s plateaued for %s epochs; stopping", self.primary, patience)
+            state.stopped_early = True
+        self.save(row)
+
+    def save(self, row: dict) -> None:
+        """``latest.pt`` (rank 0, atomically) and the epoch's log line."""
+        if not self.main:
+            return
+        with self.clock.phase("checkpoints"):
+            atomic_torch_save(self.state.checkpoint(self.exp), self.ckpt_path)
+        num = self.exp.num_epochs
+        LOGGER.info(
+            epoch_line(row, num, self.val_split, self.primary, self.state.best, self.t_epoch)
+        )
+
+    def should_stop(self, row: dict) -> bool:
+        """``stop_after_epoch`` reached, or ``on_epoch(row)`` (a pruner) says stop."""
+        stop = self.stop_after_epoch is not None and self.stop_after_epoch <= row["epoch"]
+        if self.on_epoch is not None and self.on_epoch(row):
+            stop = True
+        return stop
+
+    def finish(self) -> dict:
+        """Final test with the best validation epoch's weights (the last epoch's without
+        validation); writes and returns ``metrics.json``."""
+        best = self.state.best
+        if best["epoch"] is not None and self.main:
+            load_models(self.exp.models, self.run_dir / "checkpoints" / "best.pt")
+        test = self.final_test(
+            best["epoch"] if best["epoch"] is not None else self.state.epochs_run
+        )
+        if not test and self.val_entries and best["epoch"] is not None:
+            test = self.state.best_validation()
+        result = self.result("finished", test)
+        if self.main:
+            result.write(self.run_dir)
+        distributed.barrier()
+        return result.as_dict()
+
+    def final_test(self, epoch: int) -> dict:
+        """The ``eval.test`` splits (their embeddings kept for the pictures) and the
+        ``eval.revisited`` test sets, on rank 0; every rank gets the result."""
+        entries, main = self.spec.eval.entries(["test"]), self.main
+        with self.clock.phase("test"):
+            self.keep.active = True
+            test = run_eval(self.tester, self.exp, entries, epoch) if entries and main else {}
+            self.keep.active = False
+            if entries and main:  # the pictures reuse them instead of embedding again
+                ckpt = "best.pt" if self.state.best["epoch"] is not None else "latest.pt"
+                save_test_embeddings(self.run_dir, self.keep.data, ckpt)
+            if main:  # eval.revisited test sets (Revisited Oxford / Paris)
+                test = {**test, **revisited_eval(self.spec.config, self.exp.models, self.tester)}
+        return distributed.broadcast_object(test)
+
+    def identity(self) -> tuple[str, int]:
+        """``(name, seed)`` as ``metrics.json`` records them."""
+        return self.spec.get("name", self.run_dir.name), self.exp.seed
+
+    def result(self, status: str, test: dict | None = None) -> RunResult:
+        name, seed = self.identity()
+        timing = {
+            "train_seconds_this_call": time.perf_counter() - self.t0,
+            "phase_seconds": self.clock.as_dict(),  # this call's (running/clock.py)
+        }
+        info = distributed.run_info(self.ctx, self.exp.extra.get("amp"))
+        return RunResult(name, seed, self.state, status, test or {}, timing=timing, run_info=info)
+
+    def close(self) -> None:
+        if self.record_keeper is not None:
+            self.record_keeper.save_records()
+        if self.tb_writer is not None:
+            self.tb_writer.close()
 
 
 def epoch_line(row: dict, num_epochs: int, val_split, primary: str, best: dict, t0: float) -> str:
@@ -266,48 +368,6 @@ def epoch_line(row: dict, num_epochs: int, val_split, primary: str, best: dict, 
         )
     parts.append(f"{time.perf_counter() - t0:.1f} s")
     return "  ".join(parts)
-
-
-def _finish(config, run_dir, exp, tester, history, best, stopped_early, ctx, timing) -> dict:
-    """Final test with the best validation epoch's weights (the last epoch's without validation).
-    ``timing``: ``(t0, PhaseClock, KeptEmbeddings)`` of the run."""
-    t0, clock, keep = timing
-    main = ctx.is_main
-    ev = builder.eval_settings(config)
-    val_entries = [e for e in list(ev["validation"] or []) if split_name(e) in exp.datasets]
-    test_entries = list(ev["test"] or [])
-    if best["epoch"] is not None and main:
-        load_models(exp.models, run_dir / "checkpoints" / "best.pt")
-    final_epoch = best["epoch"] if best["epoch"] is not None else history[-1]["epoch"]
-    with clock.phase("test"):
-        keep.active = True
-        test = run_eval(tester, exp, test_entries, final_epoch) if test_entries and main else {}
-        keep.active = False
-        if test_entries and main:  # the pictures reuse them instead of embedding again
-            ckpt = "best.pt" if best["epoch"] is not None else "latest.pt"
-            save_test_embeddings(run_dir, keep.data, ckpt)
-        if main:  # eval.revisited test sets (Revisited Oxford / Paris)
-            test = {**test, **revisited_eval(config, exp.models, tester)}
-    test = distributed.broadcast_object(test)
-    if not test and val_entries and best["epoch"] is not None:
-        test = next(h["validation"] for h in history if h["epoch"] == best["epoch"])
-    metrics = {
-        "name": config.get("name", run_dir.name),
-        "status": "finished",
-        "seed": exp.seed,
-        "epochs_run": history[-1]["epoch"] if history else 0,
-        "stopped_early": stopped_early,
-        "best": best,
-        "history": history,
-        "test": test,
-        "train_seconds_this_call": time.perf_counter() - t0,
-        "phase_seconds": clock.as_dict(),  # this call's (running/clock.py)
-        "run_info": distributed.run_info(ctx, exp.extra.get("amp")),
-    }
-    if main:
-        run_folder.write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
-    distributed.barrier()
-    return metrics
 
 
 class KeptEmbeddings:
@@ -345,23 +405,3 @@ def save_test_embeddings(run_dir: Path, embeddings: dict, checkpoint: str) -> No
             )
     except (OSError, run_folder.RunFolderError, ValueError, TypeError) as e:
         LOGGER.warning("%s: test embeddings not saved (%s); pictures embed again", run_dir, e)
-
-
-def _record_failure(config, run_dir: Path, exp, history, best, error: Exception, epoch: int):
-    """``metrics.json`` with ``"status": "failed"`` and the error (the last good checkpoint stays)."""
-    metrics = {
-        "name": config.get("name", run_dir.name),
-        "status": "failed",
-        "error": f"{type(error).__name__}: {error}",
-        "failed_in_epoch": epoch,
-        "seed": exp.seed,
-        "epochs_run": history[-1]["epoch"] if history else 0,
-        "best": best,
-        "history": history,
-        "test": {},
-    }
-    try:
-        run_folder.write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
-    except (OSError, run_folder.DiskFullError) as e:  # the original error is the one to raise
-        LOGGER.error("%s: cannot record the failure in metrics.json: %s", run_dir, e)
-    LOGGER.error("%s: training failed in epoch %d: %s", run_dir, epoch, metrics["error"])

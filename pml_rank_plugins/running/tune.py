@@ -51,7 +51,6 @@ from optuna.trial import TrialState
 
 from ..experiment import registry
 from ..experiment.methods import slug
-from ..experiment.mlrc import is_mlrc
 from ..experiment.schema import ConfigError
 from ..experiment.search_space import (
     apply_params,
@@ -59,6 +58,7 @@ from ..experiment.search_space import (
     suggest,
     tune_section,
 )
+from ..experiment.spec import EvalSettings, RunSpec
 from . import distributed, run_folder, runner
 from .console import child_environment
 from .parent import exit_with_parent, pid_alive
@@ -157,8 +157,9 @@ def train_trial(trial: optuna.Trial, config: dict, run_dir: Path, device: str | 
             return True
         return trial.should_prune()
 
-    on_epoch = None if is_mlrc(config) else report  # MLRC's epochs are per fold: not pruned
-    m = runner.train(config, run_dir, device=device, on_epoch=on_epoch)
+    spec = RunSpec.of(config)  # a trial's config is new: validated once, here
+    on_epoch = None if spec.protocol.is_mlrc else report  # MLRC's epochs are per fold: not pruned
+    m = runner.train(spec, run_dir, device=device, on_epoch=on_epoch)
     if finished:
         raise finished[0]
     if "interrupted_after_epoch" in m:
@@ -175,9 +176,8 @@ def _num_epochs(config: Mapping) -> Any:
     return kwargs.get("num_epochs", "?") if isinstance(kwargs, Mapping) else "?"
 
 
-def _row_value(config: dict, row: dict) -> float | None:
-    ev = config.get("eval") or {}
-    primary = ev.get("primary_metric", DEFAULT_PRIMARY)
+def _row_value(config: Mapping, row: dict) -> float | None:
+    primary = EvalSettings.parse(config).primary_metric
     first = next(iter(row["validation"].values()), {})
     value = first.get(primary)
     return None if value is None else float(value)

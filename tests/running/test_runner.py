@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from pml_rank_plugins.experiment.schema import load_yaml
+from pml_rank_plugins.experiment.spec import plain
 from pml_rank_plugins.running import runner
 from pml_rank_plugins.running.checkpoints import atomic_torch_save, load_checkpoint
-from pml_rank_plugins.running.training import plain
 from tests.tiny import tiny_config
 
 METRICS = {
