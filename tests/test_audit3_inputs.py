@@ -144,6 +144,7 @@ def test_a_flipped_study_direction_is_refused(tmp_path, capsys):
     one_line(capsys, "minimize")
 
 
+@pytest.mark.slow
 def test_every_failed_trial_makes_tune_exit_1(tmp_path, capsys):
     cfg = copy.deepcopy(one_method())
     cfg["trainer"]["MetricLossOnly"]["num_epochs"] = 1

@@ -133,6 +133,7 @@ def hold_lock(run_dir: Path) -> subprocess.Popen:
     return holder
 
 
+@pytest.mark.slow
 def test_busy_folder_compare_writes_nothing(tmp_path, capsys):
     """A compare whose run folder another live process holds: that run is refused (no
     ``failed.json`` in the other process's folder, nothing changed there), the others finish."""
@@ -153,6 +154,7 @@ def test_busy_folder_compare_writes_nothing(tmp_path, capsys):
     assert not list(out.rglob("failed.json"))
 
 
+@pytest.mark.slow
 def test_busy_folder_compare_reports_refused(tmp_path, capsys):
     out = tmp_path / "out"
     dump_yaml(methods_config("A", "B"), tmp_path / "C.yaml")

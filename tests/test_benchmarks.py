@@ -63,6 +63,7 @@ def table_rows(output: str) -> list[list[str]]:
 HISTOGRAM_AP_TWO_SIZES = ("bench_histogram_ap.py", "--sizes", "32", "48", "--pml-max", "32")
 
 
+@pytest.mark.slow
 def test_bench_histogram_ap_prints_one_row_per_size():
     out = smoke(*HISTOGRAM_AP_TWO_SIZES)
     rows = table_rows(out)
@@ -78,6 +79,7 @@ def test_bench_histogram_ap_prints_one_row_per_size():
         ("bench_ranked_list.py", "spawn", "niced loop starting short Python processes"),
     ],
 )
+@pytest.mark.slow
 def test_bench_under_a_competing_load_names_it_and_stops_it(script, load, name):
     out = smoke(script, "--sizes", "32", "--load", load)
     assert [row[0] for row in table_rows(out)] == ["32"]
@@ -85,6 +87,7 @@ def test_bench_under_a_competing_load_names_it_and_stops_it(script, load, name):
     assert "before: load average" in out and "after: load average" in out
 
 
+@pytest.mark.slow
 def test_bench_histogram_ap_reports_map_q_next_to_fastap():
     # The normal path (no --smoke): each case measured in its own --child subprocess.
     out = run_script(
@@ -172,18 +175,21 @@ def test_competing_load_runs_during_the_block_only():
     assert machine_load().startswith("load average ")
 
 
+@pytest.mark.slow
 def test_bench_chunked_with_loader_workers_names_the_data_loader():
     out = smoke("bench_chunked.py", "--batch", "16", "--chunk", "8", "--loader-workers", "2")
     assert [row[0] for row in table_rows(out)] == ["chunked", "plain small", "plain large"]
     assert "DataLoader with 2 worker processes" in out
 
 
+@pytest.mark.slow
 def test_bench_chunked_prints_the_three_cases_and_ratios():
     out = smoke("bench_chunked.py", "--batch", "32", "--chunk", "8")
     assert [row[0] for row in table_rows(out)] == ["chunked", "plain small", "plain large"]
     assert "chunked time / plain large time:" in out
 
 
+@pytest.mark.slow
 def test_bench_ranked_list_prints_one_row_per_size():
     out = smoke("bench_ranked_list.py", "--sizes", "32", "48", "--pml-max", "32")
     rows = table_rows(out)
@@ -192,6 +198,7 @@ def test_bench_ranked_list_prints_one_row_per_size():
     assert "PML skipped above N=32" in out
 
 
+@pytest.mark.slow
 def test_bench_memory_bank_toy_size_prints_every_case():
     out = smoke(
         "bench_memory_bank.py",

@@ -23,6 +23,7 @@ def test_reasons():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+@pytest.mark.slow
 def test_cuda_without_gpu_skips_device_tests_with_the_reason():
     env = {**os.environ, "TEST_DEVICE": "cuda"}
     done = subprocess.run(

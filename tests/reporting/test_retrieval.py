@@ -51,6 +51,7 @@ def test_query_choice_depends_only_on_eligibility_and_seed():
         retrieval.choose_queries(labels, np.zeros(30, dtype=bool), 8, seed=0)
 
 
+@pytest.mark.slow
 def test_every_method_shows_the_same_queries(tmp_path):
     cfg = tiny_config()
     cfg["methods"] = {
@@ -183,6 +184,7 @@ def _mtimes(folder):
     return {p.name: p.stat().st_mtime_ns for p in folder.iterdir() if p.is_file()}
 
 
+@pytest.mark.slow
 def test_resume_draws_only_missing_pictures_and_never_deletes(tmp_path, monkeypatch, caplog):
     cfg = tiny_config()
     cfg["methods"] = {"Contrastive": None}
@@ -224,6 +226,7 @@ def test_resume_draws_only_missing_pictures_and_never_deletes(tmp_path, monkeypa
     assert "pictures" not in summary and _mtimes(folder) == kept and calls == [1]
 
 
+@pytest.mark.slow
 def test_pictures_are_out_of_date_when_the_checkpoint_is_newer(tmp_path):
     cfg = tiny_config()
     cfg["methods"] = {"Contrastive": None}

@@ -51,6 +51,7 @@ def test_parse_grid_and_cells():
             sweep.parse_grid(bad)
 
 
+@pytest.mark.slow
 def test_sweep_writes_tables_and_plot_and_resume_skips_finished_runs(
     tmp_path, config_file, monkeypatch, capsys
 ):
@@ -121,6 +122,7 @@ def test_grid_mistakes_fail_fast(tmp_path, config_file, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_second_sweep_into_a_used_folder_is_refused_unless_overwrite(tmp_path, config_file):
     out = tmp_path / "sw"
     grid = ["loss_funcs.metric_loss.neg_margin=0.5"]

@@ -79,6 +79,7 @@ def test_holm_decides_the_verdict_not_the_uncorrected_interval():
     assert " * |" in line and line.endswith(f"| inconclusive (MDD {100 * effect * sd:.2f}) |")
 
 
+@pytest.mark.slow
 def test_equivalence_needs_a_declared_margin():
     rng = np.random.default_rng(1)
     ref = list(0.5 + 0.01 * rng.standard_normal(10))
@@ -103,6 +104,7 @@ def test_equivalence_needs_a_declared_margin():
     assert tight["p_tost"] > 0.05 and tight["verdict"].startswith("inconclusive")
 
 
+@pytest.mark.slow
 def test_a_real_difference_inside_the_margin_reads_both():
     ref = [0.50, 0.52, 0.49, 0.51, 0.53, 0.50, 0.48, 0.52, 0.51, 0.50]
     pattern = np.array([-1.0, 1.0] * 5) * 0.001

@@ -66,6 +66,7 @@ def expected_p() -> dict[str, dict[str, float]]:
     return raw
 
 
+@pytest.mark.slow
 def test_the_p_value_columns_hold_their_own_tests():
     want = expected_p()
     # Non-vacuous: the two tests (and raw vs Holm) give clearly different numbers here.

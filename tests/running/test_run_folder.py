@@ -42,6 +42,7 @@ def test_second_run_into_a_live_folder_is_refused(tmp_path):
     runner.train(one_epoch(), run)  # released: the folder is usable again
 
 
+@pytest.mark.slow
 def test_lock_is_held_across_processes(tmp_path):
     run = tmp_path / "run"
     holder = subprocess.Popen(

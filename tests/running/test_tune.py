@@ -69,6 +69,7 @@ def trials_of(out, method):
     return sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
 
 
+@pytest.mark.slow
 def test_two_methods_three_trials_then_resume_to_five(tmp_path):
     out = tmp_path / "tune"
     summary = run_tune([glyph_config()], out)
@@ -112,6 +113,7 @@ def test_two_methods_three_trials_then_resume_to_five(tmp_path):
     assert metrics["test"] == {} or "test" not in json.dumps(metrics["test"])
 
 
+@pytest.mark.slow
 def test_jobs_2_on_one_study_gives_exactly_the_trials(tmp_path):
     cfg = glyph_config(
         methods={"PML Contrastive": {"loss_funcs": {"metric_loss": {"ContrastiveLoss": {}}}}}
@@ -133,6 +135,7 @@ class _DivergingLoss(registry.resolve("ContrastiveLoss")):
         return loss * math.nan if self.pos_margin > 0.5 else loss
 
 
+@pytest.mark.slow
 def test_a_diverging_trial_is_recorded_failed_and_the_study_finishes(tmp_path):
     registry.register("DivergingLoss", _DivergingLoss, override=True)
     try:
@@ -156,6 +159,7 @@ def test_a_diverging_trial_is_recorded_failed_and_the_study_finishes(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_pruned_trial_stops_early(tmp_path):
     cfg = glyph_config(epochs=4)
     cfg["methods"].pop("plugin FastAP")

@@ -252,6 +252,7 @@ def dead_pid() -> int:
 
 
 @pytest.mark.parametrize("where", ["absolute elsewhere", "../../x"])
+@pytest.mark.slow
 def test_tampered_run_dir_outside_out_is_refused(tmp_path, where):
     # Audit 3 item 11: a RUNNING trial whose run_dir is absolute elsewhere or `../../x` made
     # `tune` create that tree and a `.lock` outside --out.

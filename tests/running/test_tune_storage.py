@@ -34,6 +34,7 @@ def contrastive_only(**kw) -> dict:
     return cfg
 
 
+@pytest.mark.slow
 def test_postgresql_study_shared_by_two_workers(postgres, tmp_path):
     summary = run_tune([contrastive_only()], tmp_path / "t", trials=4, storage=postgres, jobs=2)
     s = summary["methods"]["PML Contrastive"]
@@ -75,6 +76,7 @@ def start_slow_tune(out: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
     out = tmp_path / "t"
     proc = start_slow_tune(out)
@@ -108,6 +110,7 @@ def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
     assert (out / "PML_Contrastive" / "trial1" / "checkpoints" / "latest.pt").exists()
 
 
+@pytest.mark.slow
 def test_kill_9_of_tune_leaves_no_worker_behind(tmp_path):
     # Audit 3 item 2: the spawned worker trained on, orphaned, after its parent was killed.
     out = tmp_path / "t"

@@ -70,6 +70,7 @@ def test_float16_uses_a_grad_scaler():
     assert trainer.grad_scaler.get_scale() > 0 and finite
 
 
+@pytest.mark.slow
 def test_no_amp_leaves_float32_untouched():
     _, trunk, loss, moved, _ = _one_step(None)
     assert trunk == [torch.float32] * 2 and loss == [torch.float32] * 2 and all(moved)
