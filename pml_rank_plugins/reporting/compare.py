@@ -85,9 +85,10 @@ def run_comparison(
     tuned_run = load_tuned(tuned) if tuned is not None else None
     changes: dict = {}
     if tuned_run is not None:
-        selected, changes = tuned_configs(
+        tuned_cfgs, changes = tuned_configs(
             tuned_run, selected, overrides, data_root, allow_budget_change, subset=bool(methods)
         )
+        selected = {m: RunSpec.parse(c) for m, c in tuned_cfgs.items()}  # new configs: once
     if reference is not None and reference not in selected:
         raise ValueError(f"--reference {reference!r}: not one of the methods {list(selected)}")
     check_methods(selected)
