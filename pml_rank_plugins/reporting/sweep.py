@@ -86,6 +86,7 @@ def run_sweep(
     pictures: bool = False,
     data_root: str | None = None,
     overwrite: bool = False,
+    prepared: tuple | None = None,
 ) -> dict:
     """Train ``method`` of ``config`` at every grid cell x seed; write ``sweep.*`` and plots.
 
@@ -97,11 +98,13 @@ def run_sweep(
     otherwise run folders that already hold runs are refused
     (:class:`~pml_rank_plugins.running.run_folder.RunFolderError`) unless ``overwrite``, which
     replaces them. Under torchrun rank 0 alone writes files. Returns the summary dict.
+    ``prepared``: what :func:`prepare_sweep` returned for these arguments (the CLI's), so the
+    cells are not collected and checked again.
     """
     out_dir = Path(out_dir)
-    method, grid, cells, configs = prepare_sweep(
-        config, method, grid, overrides, reference, data_root
-    )
+    if prepared is None:
+        prepared = prepare_sweep(config, method, grid, overrides, reference, data_root)
+    method, grid, cells, configs = prepared
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     all_jobs = make_jobs(configs, out_dir, seeds)
@@ -140,7 +143,7 @@ def prepare_sweep(
     reference: str | None = None,
     data_root: str | None = None,
 ) -> tuple[str, dict, dict, dict]:
-    """Validate everything before any run: returns ``(method, grid, cells, {cell: config})``.
+    """Validate everything before any run: returns ``(method, grid, cells, {cell: RunSpec})``.
 
     Raises ``ConfigError``/``ValueError`` (bad grid, unknown method or reference cell, a cell whose
     config does not validate or whose objects cannot be built).

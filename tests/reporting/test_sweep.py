@@ -134,3 +134,20 @@ def test_second_sweep_into_a_used_folder_is_refused_unless_overwrite(tmp_path, c
     )
     assert again["rows"].keys() == first["rows"].keys() and not again["failed"]
     assert (out / "neg_margin_0.5" / "seed0" / "metrics.json").is_file()
+
+
+def test_a_prepared_sweep_is_not_collected_again(tmp_path, config_file, monkeypatch):
+    grid = ["loss_funcs.metric_loss.neg_margin=0.5,1.0"]
+    prepared = sweep.prepare_sweep(config_file, "Contrastive", grid, FAST[1::2])
+    assert list(prepared[3]) == ["neg_margin=0.5", "neg_margin=1.0"]
+    assert prepared[3]["neg_margin=0.5"]["loss_funcs"]["metric_loss"]["ContrastiveLoss"] == {
+        "neg_margin": 0.5
+    }
+
+    def collected_again(*a, **k):
+        raise AssertionError("run_sweep collected the cells again")
+
+    monkeypatch.setattr(sweep, "prepare_sweep", collected_again)
+    out = tmp_path / "sw"
+    summary = sweep.run_sweep(config_file, "Contrastive", grid, out, prepared=prepared)
+    assert not summary["failed"] and list(summary["rows"]) == list(prepared[3])
