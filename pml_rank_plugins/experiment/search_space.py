@@ -218,6 +218,18 @@ def apply_params(config: Mapping, params: Mapping[str, Any]) -> dict:
     return out
 
 
+def trial_config(config: Mapping, params: Mapping[str, Any], name: str) -> dict:
+    """The run config of one tuning trial: ``params`` set (:func:`apply_params`), no test
+    splits (tuning must not see them: ``eval.test`` emptied, ``eval.revisited`` removed), named
+    ``name``."""
+    cfg = apply_params(config, params)
+    ev = cfg.setdefault("eval", {})
+    ev["test"] = []
+    ev.pop("revisited", None)
+    cfg["name"] = name
+    return cfg
+
+
 def optuna_object(spec: Any, module: Any, where: str) -> Any:
     """``{ClassName: kwargs}`` (or ``None``) -> an instance of ``module.ClassName``, for the
     ``tune.sampler`` (``optuna.samplers``) and ``tune.pruner`` (``optuna.pruners``) slots only."""

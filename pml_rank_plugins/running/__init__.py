@@ -1,12 +1,12 @@
 """Running experiments: one run, the MLRC protocol, many runs in worker processes.
 
 ``runner`` is the entry point (``train``/``evaluate`` a run folder; MLRC configs go through
-``mlrc``), ``training`` is the epoch loop of one run, ``evaluate`` scores a run, ``checkpoints``
-saves and loads run state, ``resume`` says what may change on ``--resume``, ``run_folder`` holds
-the folder's lock and overwrite rules, ``nonfinite`` stops a run at the first NaN/inf,
-``distributed`` is the torchrun glue, ``pool`` runs many jobs (``--jobs K``) with failure
-isolation (``console`` labels and folds their log lines) and ``load`` hands a trained run's
-models to the user (``load_run``, ``embed``, ``pml-rank embed``).
+``mlrc``), ``training`` is the epoch loop of one run (its state and result in ``run_state``),
+``evaluate`` scores a run, ``checkpoints`` saves and loads run state, ``resume`` says what may
+change on ``--resume``, ``run_folder`` holds the folder's lock and overwrite rules, ``nonfinite``
+stops a run at the first NaN/inf, ``distributed`` is the torchrun glue, ``pool`` runs many jobs
+(``--jobs K``) with failure isolation (``console`` labels and folds their log lines) and ``load``
+hands a trained run's models to the user (``load_run``, ``embed``, ``pml-rank embed``).
 
 Import direction: imports :mod:`pml_rank_plugins.experiment`; imported by
 :mod:`pml_rank_plugins.reporting`.

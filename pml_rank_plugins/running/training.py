@@ -13,6 +13,9 @@ Run directory layout::
 Each epoch is one call to PML's ``trainer.train(start_epoch=e, num_epochs=e)`` preceded by
 ``sampler.set_epoch(e)``, so an epoch's batches depend only on the checkpointed state: a run
 interrupted after epoch e and resumed reaches bit-identical weights to an uninterrupted one.
+The loop is :class:`EpochLoop`, one method per step (train an epoch, validate, update the best,
+end the epoch, save, stop, finish); what it checkpoints besides the tensors is a
+:class:`.run_state.RunState`, what it writes as ``metrics.json`` one :class:`.run_state.RunResult`.
 MLRC configs (one run per fold) are dispatched by :func:`pml_rank_plugins.running.runner.train`.
 """
 

@@ -49,11 +49,10 @@ import sqlalchemy
 import torch
 from optuna.trial import TrialState
 
-from ..experiment import registry
+from ..experiment import registry, search_space
 from ..experiment.methods import slug
 from ..experiment.schema import ConfigError
 from ..experiment.search_space import (
-    apply_params,
     check_tune_config,
     suggest,
     tune_section,
@@ -125,14 +124,9 @@ def fail_interrupted_trials(study: optuna.Study, job: TuneJob) -> list[int]:
 
 
 def trial_config(job: TuneJob, params: Mapping[str, Any], number: int) -> dict:
-    """The run config of one trial: the tuned values set, no test splits (tuning must not see
-    them), named ``<method> trial<k>``."""
-    cfg = apply_params(job.config, params)
-    ev = cfg.setdefault("eval", {})
-    ev["test"] = []
-    ev.pop("revisited", None)
-    cfg["name"] = f"{job.method} trial{number}"
-    return cfg
+    """The run config of trial ``number``, named ``<method> trial<k>``
+    (:func:`pml_rank_plugins.experiment.search_space.trial_config`)."""
+    return search_space.trial_config(job.config, params, f"{job.method} trial{number}")
 
 
 def train_trial(trial: optuna.Trial, config: dict, run_dir: Path, device: str | None) -> float:
