@@ -32,6 +32,7 @@ def config_file(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_compare_writes_table_csv_plots_and_runs(tmp_path, config_file, capsys):
     out = tmp_path / "cmp"
     rc = main(
@@ -134,6 +135,7 @@ def _cli(*args, **kwargs):
     )
 
 
+@pytest.mark.slow
 def test_python_dash_m_and_a_closed_pipe():
     done = _cli("list", "TripletMargin")
     assert done.returncode == 0 and "TripletMarginLoss" in done.stdout

@@ -98,6 +98,7 @@ def test_grad_scaler_only_for_float16():
     assert isinstance(make_grad_scaler({"dtype": "float16"}, "cpu"), torch.amp.GradScaler)
 
 
+@pytest.mark.slow
 def test_trainer_class_is_wrapped_only_when_needed():
     assert distributed_trainer_class(MetricLossOnly) is DistributedMetricLossOnly
     exp = builder.build_experiment(tiny_config())
