@@ -10,7 +10,7 @@ Subpackages, in import order (each imports only the ones above it):
     experiment -- defining an experiment: configs, registry, builder, datasets, ``check``.
     running -- running it: train, evaluate, checkpoints, run folders, MLRC, worker pool.
     reporting -- reporting on it: comparison, statistics, tables, plots, sweep, pictures.
-    cli -- ``pml-rank``, on top.
+    cli, cli_args, commands -- ``pml-rank`` (one class per command in ``commands/``), on top.
 
 ``pml_rank_plugins.load_run``, ``embed`` and ``LoadedRun`` are
 :mod:`pml_rank_plugins.running`'s (using a trained run).

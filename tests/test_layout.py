@@ -42,9 +42,9 @@ ALLOWED: dict[str, set[str]] = {
     "running": LIBRARY | {"experiment"},
     "reporting": LIBRARY | {"experiment", "running"},
 }
-# Modules on top of everything: the CLI (its entry point, parser and ``commands/``), ``python -m``,
-# and the deprecated ``config`` alias module.
-TOP = {"cli", "cli_args", "commands", "__main__", "config"}
+# Modules on top of everything: the CLI (its entry point, parser and ``commands/``) and
+# ``python -m``.
+TOP = {"cli", "cli_args", "commands", "__main__"}
 CLI = {"cli", "cli_args", "commands", "__main__"}  # the subpackage names of the CLI's modules
 MAX_MODULE_LINES = 450
 MAX_FOLDER_SHARE = 0.30

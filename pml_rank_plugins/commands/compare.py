@@ -86,7 +86,7 @@ class Compare(Command):
             raise BadConfig(f"--reference {args.reference!r}: not one of {list(configs)}")
         load(check_methods, configs)  # fail fast, before the first run
         summary = run_comparison(
-            paths,
+            configs,  # the collected specs: validated once, not read again
             args.out,
             methods=names,
             data_root=root,

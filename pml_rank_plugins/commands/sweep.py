@@ -51,9 +51,17 @@ class Sweep(Command):
 
         (path,) = config_paths([args.config])
         root = data_root(args)
-        load(prepare_sweep, path, args.method, args.grid, args.overrides, args.reference, root)
+        prepared = load(
+            prepare_sweep, path, args.method, args.grid, args.overrides, args.reference, root
+        )
         summary = run_sweep(
-            path, args.method, args.grid, args.out, data_root=root, **pick(args, RUN_OPTIONS)
+            path,
+            args.method,
+            args.grid,
+            args.out,
+            data_root=root,
+            prepared=prepared,
+            **pick(args, RUN_OPTIONS),
         )
         if is_main_process():  # torchrun: one report, from rank 0
             print(markdown_table(summary, "cell"))

@@ -61,7 +61,7 @@ class Tune(Command):
         configs = load(collect_methods, [path], args.overrides, names, root)
         check_config_devices(args, configs)
         summary = run_tune(
-            [path],
+            configs,  # the collected specs: validated once, not read again
             args.out,
             trials=args.trials,
             storage=args.storage,
