@@ -42,21 +42,7 @@ def _on_device(item) -> bool:
     return len(parts) > 2 and parts[0] == "tests" and parts[1] in DEVICE_TEST_DIRS
 
 
-# Tests over 20 s (``--durations`` on the loaded 2-core machine) in files that do not import
-# pytest, so they cannot carry ``@pytest.mark.slow`` themselves yet: marked here (``make
-# test-fast`` skips them). Move each to a decorator when its file imports pytest.
-SLOW_ELSEWHERE = {
-    "tests/reporting/test_tune_report.py::test_compare_tuned_trains_the_budget_it_was_tuned_at",
-    "tests/reporting/test_tune_report.py::"
-    "test_tune_then_compare_tuned_uses_the_best_parameters_on_fresh_seeds",
-    "tests/trainers/test_distributed.py::test_two_rank_gloo_gradients_equal_single_process",
-}
-
-
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.nodeid.split("[")[0] in SLOW_ELSEWHERE:
-            item.add_marker(pytest.mark.slow)
     reason = device_unavailable_reason(TEST_DEVICE)
     if reason is None:
         return

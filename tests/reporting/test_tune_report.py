@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from pml_rank_plugins.cli import main
@@ -17,6 +18,7 @@ def write(path, config) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_tune_then_compare_tuned_uses_the_best_parameters_on_fresh_seeds(tmp_path, capsys):
     cfg = glyph_config()
     cfg["methods"].pop("PML Contrastive")
@@ -109,6 +111,7 @@ def run_config_epochs(run_dir) -> int:
     return load_yaml(run_dir / "config.yaml")["trainer"]["MetricLossOnly"]["num_epochs"]
 
 
+@pytest.mark.slow
 def test_compare_tuned_trains_the_budget_it_was_tuned_at(tmp_path, capsys):
     # The reproduction: tuned with --set trainer.num_epochs=N, compared without it.
     cfg = glyph_config(epochs=2)

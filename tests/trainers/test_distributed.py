@@ -2,6 +2,7 @@
 
 import importlib
 
+import pytest
 import torch
 import torch.distributed as dist
 from pytorch_metric_learning.losses import ProxyAnchorLoss
@@ -48,6 +49,7 @@ def worker(process, port, out_path):
     torn_down(out_path, process)
 
 
+@pytest.mark.slow
 def test_two_rank_gloo_gradients_equal_single_process(tmp_path):
     out = str(tmp_path / "grads")
     spawn_two(worker, (free_port(), out), out)
