@@ -28,18 +28,20 @@ from .registry import (
     unregister,
 )
 from .schema import ConfigError, dump_yaml, load_config, load_yaml, validate
-from .search_space import check_tune_config, method_space
+from .search_space import Param, check_tune_config, method_space
 from .shipped import resolve_config, shipped_configs
-from .spec import EvalSettings, Protocol, RunSpec
+from .spec import EvalSettings, Protocol, RunSpec, TrainerSpec
 
 __all__ = [
     "ENV_VAR",
     "ConfigError",
     "EvalSettings",
     "Experiment",
+    "Param",
     "Protocol",
     "RecallAtKAccuracyCalculator",
     "RunSpec",
+    "TrainerSpec",
     "UnknownNameError",
     "allow_modules",
     "allowed_modules",

@@ -112,7 +112,7 @@ def make_accuracy_calculator(
     would raise ``NameError``, so cosine-similarity ``CustomKNN`` is used instead (same
     neighbours on L2-normalised embeddings). With faiss-gpu and a CUDA ``device`` the search runs
     on that one GPU (PML's default would spread the index over every visible GPU); see
-    :func:`knn_backend`.
+    ``knn_backend``.
     """
     if use_faiss is None:
         use_faiss = faiss_available()

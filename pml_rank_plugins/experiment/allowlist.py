@@ -1,11 +1,11 @@
 """What a config may name: the known namespaces, the user's allowance and the deny list.
 
 Configs and run folders from others are code: a name in a config becomes a call. So a config
-names classes of the known namespaces (:data:`NAMESPACES`: PML, this plugin's losses, miners,
+names classes of the known namespaces (``NAMESPACES``: PML, this plugin's losses, miners,
 samplers, trainers, data and models, ``torch.optim``, ``torch.nn``, ``torchvision.transforms``,
 ``torchvision.models``) or of modules the user allowed *outside* the config
 (:func:`allow_modules`, ``pml-rank --allow-module my_pkg``, ``$PML_RANK_ALLOW_MODULES``).
-:data:`DENIED_MODULES` (``os``, ``subprocess``, ``builtins``, ...) can never be allowed.
+``DENIED_MODULES`` (``os``, ``subprocess``, ``builtins``, ...) can never be allowed.
 :mod:`.registry` applies :func:`check_path` to a dotted path *before* importing its module (an
 import runs module code) and :func:`check_object` to what it resolves (an allowed module may
 re-export ``os.system``).
@@ -155,7 +155,7 @@ def allow_modules(names: Iterable[str]) -> None:
 
     Raises:
         ValueError: a name is not a module name, or is (or contains) a denied module such as
-            ``os`` or ``subprocess`` (:data:`DENIED_MODULES`); nothing is allowed then.
+            ``os`` or ``subprocess`` (``DENIED_MODULES``); nothing is allowed then.
     """
     if isinstance(names, str):
         names = [names]
@@ -167,7 +167,7 @@ def allow_modules(names: Iterable[str]) -> None:
 
 
 def allowed_modules() -> tuple[str, ...]:
-    """The module prefixes allowed beyond :data:`NAMESPACES`: those given to
+    """The module prefixes allowed beyond ``NAMESPACES``: those given to
     :func:`allow_modules` and those in ``$PML_RANK_ALLOW_MODULES`` (comma-separated, read now).
 
     Returns:

@@ -133,7 +133,8 @@ def build_lr_schedulers(config: dict, optimizers: dict) -> dict:
 
 def eval_settings(config: Mapping) -> dict:
     """The ``eval:`` section with defaults filled in, as a dict (a spec's
-    :attr:`.spec.RunSpec.eval` holds it parsed; the defaults are :data:`.spec.EVAL_DEFAULTS`).
+    :attr:`~pml_rank_plugins.experiment.RunSpec.eval` holds it parsed; the defaults are
+    ``spec.EVAL_DEFAULTS``).
 
     ``validation``/``test`` are lists of split entries: a split name (query = reference = that
     split) or ``{query: name, reference: [names]}`` (query/gallery retrieval).
@@ -158,7 +159,8 @@ def splits_to_eval(entries: list, available: dict) -> list[tuple[str, list[str]]
 def build_tester(config: Mapping, device: torch.device, end_of_testing_hook=None):
     """The configured PML tester; its calculator is ours (Recall@K, faiss or ``CustomKNN``)
     unless the tester spec names an ``accuracy_calculator`` itself. ``config``: a
-    :class:`.spec.RunSpec` (or a config mapping, whose ``eval:`` section is read)."""
+    :class:`~pml_rank_plugins.experiment.RunSpec` (or a config mapping, whose ``eval:`` section is
+    read)."""
     ev = config.eval if isinstance(config, RunSpec) else EvalSettings.parse(config)
     tester_spec = ev.tester or {"GlobalEmbeddingSpaceTester": {}}
     name, kwargs = spec_name_and_kwargs(tester_spec, "eval.tester")
@@ -205,7 +207,7 @@ class Experiment:
 
     def eval_entries(self, *kinds: str) -> list:
         """The config's split entries of ``kinds`` (``"validation"``, ``"test"``) whose query
-        split this experiment built (:meth:`.spec.EvalSettings.entries`)."""
+        split this experiment built (:meth:`~pml_rank_plugins.experiment.EvalSettings.entries`)."""
         ev = self.spec.eval if self.spec is not None else EvalSettings.parse(self.config)
         return ev.entries(kinds, self.datasets)
 
@@ -215,10 +217,11 @@ def build_experiment(
 ) -> Experiment:
     """Seed, then build data, models, losses, miners, optimizers, schedulers and the sampler.
 
-    ``config``: a :class:`.spec.RunSpec` (validated when it was parsed), or a config mapping,
-    validated here (:meth:`.spec.RunSpec.of`): every path that builds a run (train, resume, eval
-    of a saved or edited ``config.yaml``, check) refuses the same configs, naming the key.
-    ``device``: overrides the config's (``--device``; the CPU when neither says).
+    ``config``: a :class:`~pml_rank_plugins.experiment.RunSpec` (validated when it was parsed), or a
+    config mapping, validated here (:meth:`~pml_rank_plugins.experiment.RunSpec.of`): every path
+    that builds a run (train, resume, eval of a saved or edited ``config.yaml``, check) refuses the
+    same configs, naming the key. ``device``: overrides the config's (``--device``; the CPU when
+    neither says).
     """
     spec = RunSpec.of(config)
     config = spec.config

@@ -122,7 +122,7 @@ def check_configs(
 ) -> list[str]:
     """``== path`` then one summary line per method, for every config file (raises on the first
     broken method). Dataset sizes read ``items/classes c``. ``data_root``: as in
-    :func:`.methods.collect_methods`."""
+    :func:`~pml_rank_plugins.experiment.collect_methods`."""
     lines = []
     for path in config_paths:
         lines.append(f"== {path}")

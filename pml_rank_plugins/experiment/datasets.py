@@ -31,9 +31,11 @@ def build_splits(config: Mapping, seed: int) -> dict[str, torch.utils.data.Datas
     whole dataset is ``train``), or ``datasets: {split name: dataset spec}`` taking each split
     from a reader's published split (``CUB200(split=test)``, In-Shop ``query``/``gallery``, ...).
     ``split: {mlrc_protocol: {...}, fold: k}`` gives fold k of the MLRC protocol (see
-    :mod:`.mlrc`). ``transforms.train`` feeds the ``train`` split, ``transforms.eval`` the
-    others; relative dataset paths are resolved against ``data_root``. ``config``: a
-    :class:`.spec.RunSpec` (its protocol is read, not resolved again) or a config mapping.
+    ``experiment.mlrc``; all folds are run by :func:`~pml_rank_plugins.running.train_mlrc`).
+    ``transforms.train`` feeds the ``train`` split, ``transforms.eval`` the others; relative dataset
+    paths are resolved against ``data_root``. ``config``: a
+    :class:`~pml_rank_plugins.experiment.RunSpec` (its protocol is read, not resolved again) or a
+    config mapping.
     """
     protocol = config.protocol if isinstance(config, RunSpec) else Protocol.parse(config)
     config = config.config if isinstance(config, RunSpec) else config

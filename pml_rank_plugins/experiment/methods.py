@@ -3,12 +3,11 @@
 A config file holds one method, or several under ``methods:`` (each merged over the shared
 top-level keys, see :func:`.schema.expand_methods`). :func:`collect_methods` applies ``--set``
 overrides, selects ``--methods`` and parses each selected method once into a
-:class:`.spec.RunSpec` (the boundary: nothing below validates again); :func:`check_methods`
-builds every method's models, losses and miners on the CPU before anything trains, so a config
-mistake stops a comparison at once.
-:func:`slug` gives a method's folder name; :func:`check_folders` refuses names that are no safe
-folder name (``..``, ``a/b``, control characters) or share one folder, so every run stays inside
-``--out``.
+:class:`~pml_rank_plugins.experiment.RunSpec` (the boundary: nothing below validates again);
+:func:`check_methods` builds every method's models, losses and miners on the CPU before anything
+trains, so a config mistake stops a comparison at once. :func:`slug` gives a method's folder name;
+``check_folders`` refuses names that are no safe folder name (``..``, ``a/b``, control characters)
+or share one folder, so every run stays inside ``--out``.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ def slug(name: str) -> str:
     """The folder name of method ``name``: runs of other characters become ``_``.
 
     Never ``""``, ``"."``, ``".."`` or another name of dots only (a folder that is not one, or is
-    the parent): those become ``"method"`` (:func:`check_folders` refuses such method names
+    the parent): those become ``"method"`` (``check_folders`` refuses such method names
     before any folder is made; the fallback keeps file names like ``importance_<slug>.png`` safe).
     """
     folder = re.sub(f"[^{_FOLDER_CHARS}]+", "_", name).strip("_")
@@ -121,11 +120,11 @@ def collect_methods(
 
     Each item of ``configs`` is a YAML path (read once) or a config dict (the content a YAML file
     would have, ``methods:`` included). Only the selected methods are validated (once each, by
-    :meth:`.spec.RunSpec.parse`), so a subset runs even where another method names a class that
-    is not installed. A spec reads like its config (it is a ``Mapping``). ``data_root`` (``--data-root``) becomes
-    every config's ``data_root`` unless an override sets ``data_root`` itself. Selected methods
-    whose names are no safe folder name or map to one run folder raise :class:`ConfigError`
-    (:func:`check_folders`).
+    :meth:`~pml_rank_plugins.experiment.RunSpec.parse`), so a subset runs even where another method
+    names a class that is not installed. A spec reads like its config (it is a ``Mapping``).
+    ``data_root`` (``--data-root``) becomes every config's ``data_root`` unless an override sets
+    ``data_root`` itself. Selected methods whose names are no safe folder name or map to one run
+    folder raise :class:`ConfigError` (``check_folders``).
     """
     if isinstance(configs, (str, Path, Mapping)):
         configs = [configs]
@@ -183,9 +182,10 @@ def check_methods(configs: Mapping[str, RunSpec | Mapping]) -> None:
     ``configs``: specs (:func:`collect_methods`) or config mappings (validated here). Raises
     :class:`ConfigError` naming the method for any error a constructor raises (a bad
     ``num_bins``, a missing file named in a model...), before any run starts. Datasets are not
-    built here (too slow); their class and keywords are checked by :func:`.schema.validate`.
-    A spec is checked once (a second call skips it), and methods sharing one ``models`` section
-    (and data root) build those models once: the same section builds the same way.
+    built here (too slow); their class and keywords are checked by
+    :func:`~pml_rank_plugins.experiment.validate`. A spec is checked once (a second call skips it),
+    and methods sharing one ``models`` section (and data root) build those models once: the same
+    section builds the same way.
     """
     built_models: set[str] = set()
     for name, cfg in configs.items():

@@ -31,10 +31,10 @@ to a different object unless ``override=True`` (so a user registration cannot si
 meaning of a PML name).
 
 **Trust rule.** A config names classes, not arbitrary callables: a name resolves only to an object
-*defined* in the known namespaces (:data:`NAMESPACES`), in a module the user allowed
+*defined* in the known namespaces (``NAMESPACES``), in a module the user allowed
 (:func:`allow_modules`), or registered with :func:`register`. The module of a dotted path is
 checked *before* it is imported, and the resolved object's ``__module__`` after (so
-``allowed_module.system`` imported there ``from os`` is refused). :data:`DENIED_MODULES` (``os``,
+``allowed_module.system`` imported there ``from os`` is refused). ``DENIED_MODULES`` (``os``,
 ``subprocess``, ``builtins``, ...) can never be allowed. A refused name raises
 :class:`UnknownNameError` naming the config key and how to allow a module.
 
@@ -173,7 +173,7 @@ _NOT_MODELS = (
 
 
 def kind_of(obj: Callable) -> str:
-    """The :data:`KINDS` entry of a resolvable object, decided by its class.
+    """The ``KINDS`` entry of a resolvable object, decided by its class.
 
     A class is classified by ``issubclass`` against :data:`_KIND_BASES` (first match wins). A
     factory function is classified by its return annotation when that is a class (torchvision's
@@ -214,10 +214,10 @@ def _rows() -> list[tuple[str, str, Callable]]:
 def listing(kind: str | None = None) -> list[tuple[str, str]]:
     """``(name to write in a config, what it resolves to)`` for every resolvable class.
 
-    Unlike :func:`all_names`, a plugin class whose bare name is taken by PML (``FastAPLoss``,
+    Unlike ``all_names``, a plugin class whose bare name is taken by PML (``FastAPLoss``,
     ``RankedListLoss``, ``CrossBatchMemory``, ...) is listed too, under ``pml_rank_plugins.Name``.
-    Sorted by bare name, PML's entry before ours. With ``kind`` (one of :data:`KINDS`), only the
-    names of that kind (see :func:`kind_of`); an unknown kind raises ``ValueError`` listing them.
+    Sorted by bare name, PML's entry before ours. With ``kind`` (one of ``KINDS``), only the
+    names of that kind (see ``kind_of``); an unknown kind raises ``ValueError`` listing them.
     """
     if kind is not None and kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")

@@ -276,9 +276,10 @@ def _shown(value) -> str:
 def validate(config: dict) -> dict:
     """Check structure, that every class name resolves and that every keyword is accepted.
 
-    Raises :class:`ConfigError` (structure), :class:`registry.UnknownNameError` (unknown name,
-    with the closest matches) or ``TypeError`` (bad keyword, with the class's signature).
-    Keywords the runner injects (``labels``, ``batch_size``, model parameters) are not required.
+    Raises :class:`ConfigError` (structure), :class:`~pml_rank_plugins.experiment.UnknownNameError`
+    (unknown name, with the closest matches) or ``TypeError`` (bad keyword, with the class's
+    signature). Keywords the runner injects (``labels``, ``batch_size``, model parameters) are not
+    required.
     """
     unknown = set(config) - TOP_LEVEL_KEYS
     if unknown:

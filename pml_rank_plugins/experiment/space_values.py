@@ -4,8 +4,8 @@ A space whose every value the class refuses (``num_bins: {int: [0, 0]}``, a nega
 rate, ``batch_size: {choice: ["64"]}``) would otherwise pass ``check``, and ``tune`` would train
 nothing but failing trials. :func:`check_space_values` sets each dimension, one at a time, to
 its bounds (and, for a range, its midpoint) or to each of its choices, validates that config
-(:func:`.schema.validate`) and builds what the value reaches: the models, losses, miners,
-optimizers and lr schedulers, on the CPU (no dataset is read, no batch is run).
+(:func:`~pml_rank_plugins.experiment.validate`) and builds what the value reaches: the models,
+losses, miners, optimizers and lr schedulers, on the CPU (no dataset is read, no batch is run).
 
 Cost: per dimension 3 values (a range) or one per choice, each a model + loss construction.
 """

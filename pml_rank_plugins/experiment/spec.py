@@ -1,13 +1,13 @@
 """One run, parsed and validated once: :class:`RunSpec`.
 
 A config reaches the runner as a plain mapping (a YAML file's method, ``--set`` applied). It is
-parsed once, at the boundary (:func:`.methods.collect_methods`, :meth:`RunSpec.load` for a run
-folder's ``config.yaml``, :meth:`RunSpec.of` for a caller's dict), into a frozen
-:class:`RunSpec`: the validated mapping plus what every layer reads from it -- the evaluation
-settings with their defaults (:class:`EvalSettings`), the protocol (:class:`Protocol`: one run,
-or MLRC with its fold and folds), the trainer (:class:`TrainerSpec`), the seed, the device and the
-data root. Everything below the boundary takes a spec and reads its fields instead of re-deriving
-them (validating, resolving the split function, applying defaults) from the dict.
+parsed once, at the boundary (:func:`~pml_rank_plugins.experiment.collect_methods`,
+:meth:`RunSpec.load` for a run folder's ``config.yaml``, :meth:`RunSpec.of` for a caller's dict),
+into a frozen :class:`RunSpec`: the validated mapping plus what every layer reads from it -- the
+evaluation settings with their defaults (:class:`EvalSettings`), the protocol (:class:`Protocol`:
+one run, or MLRC with its fold and folds), the trainer (:class:`TrainerSpec`), the seed, the device
+and the data root. Everything below the boundary takes a spec and reads its fields instead of
+re-deriving them (validating, resolving the split function, applying defaults) from the dict.
 
 A :class:`RunSpec` is also a read-only ``Mapping`` over its config (``spec["seed"]``,
 ``spec.get("eval")``, ``dict(spec)``), so code written for config dicts keeps working; the
@@ -15,8 +15,8 @@ derived copies (:meth:`RunSpec.for_run`, :meth:`RunSpec.fold`, :meth:`RunSpec.wi
 not validated again: they change keys whose values are checked here (seed, name, fold) or
 nothing a validation looks at (the transforms of a loaded run).
 
-Parsing is O(size of the config) plus one :func:`.schema.validate` (which resolves every class
-name) and one resolution of the split function.
+Parsing is O(size of the config) plus one :func:`~pml_rank_plugins.experiment.validate` (which
+resolves every class name) and one resolution of the split function.
 """
 
 from __future__ import annotations
@@ -67,12 +67,12 @@ def split_name(entry: Any) -> str:
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """The ``eval:`` section with its defaults (:data:`EVAL_DEFAULTS`) filled in.
+    """The ``eval:`` section with its defaults (``EVAL_DEFAULTS``) filled in.
 
     ``validation``/``test`` are split entries: a split name (query = reference = that split) or
     ``{query: name, reference: [names]}``; ``section`` is the whole section as a dict (defaults
-    included, ``tester`` and ``revisited`` as written), what :func:`.builder.eval_settings`
-    returns.
+    included, ``tester`` and ``revisited`` as written), what
+    :func:`~pml_rank_plugins.experiment.eval_settings` returns.
     """
 
     metrics: tuple[str, ...]
@@ -88,7 +88,8 @@ class EvalSettings:
 
     @classmethod
     def parse(cls, config: Mapping) -> EvalSettings:
-        """The settings of ``config`` (no validation: :func:`.schema.validate` checks them)."""
+        """The settings of ``config`` (no validation: :func:`~pml_rank_plugins.experiment.validate`
+        checks them)."""
         ev = dict(config.get("eval") or {})
         for key, default in EVAL_DEFAULTS.items():
             ev.setdefault(key, copy.deepcopy(default))
@@ -118,8 +119,9 @@ class EvalSettings:
 @dataclass(frozen=True)
 class Protocol:
     """How a config is run: ``"single"`` (one run) or ``"mlrc"`` (the MLRC protocol of
-    :mod:`.mlrc`, ``split: {mlrc_protocol: ...}``): ``fold`` is ``split.fold`` (``None``: every
-    fold, one run each), ``num_folds`` the protocol's fold count (``None`` for single runs)."""
+    ``experiment.mlrc``, ``split: {mlrc_protocol: ...}``): ``fold`` is ``split.fold`` (``None``:
+    every fold, one run each), ``num_folds`` the protocol's fold count (``None`` for single
+    runs)."""
 
     kind: str
     fold: int | None = None
@@ -172,6 +174,16 @@ class RunSpec(Mapping):
     ``config`` is the validated mapping (plain dicts and lists, as ``config.yaml`` holds it);
     do not change it in place (derive a spec with :meth:`with_config` instead). As a ``Mapping``
     a spec reads like ``config`` and equals a dict with the same content.
+
+    Attributes:
+        config (dict): the validated config (plain dicts and lists).
+        name (str | None): the run's name (``name:``; :meth:`for_run` sets it per run).
+        seed (int): the run's seed (``seed:``, default 0, checked).
+        device (str | None): ``device:`` as checked, ``None`` for the default (the CPU).
+        data_root (str | None): ``data_root:`` as a string, ``None`` when unset.
+        eval (EvalSettings): the ``eval:`` section with its defaults filled in.
+        protocol (Protocol): single run or MLRC (fold, fold count).
+        trainer (TrainerSpec): the ``trainer:`` spec (name, keywords, epochs, AMP).
     """
 
     config: dict = field(repr=False)
@@ -190,7 +202,8 @@ class RunSpec(Mapping):
         """Validate ``config`` (a copy, tuples as lists) once and derive the fields.
 
         Raises:
-            ConfigError, UnknownNameError, TypeError: as :func:`.schema.validate`.
+            ConfigError, UnknownNameError, TypeError: as :func:`validate
+                <pml_rank_plugins.experiment.validate>`.
         """
         config = plain(config)
         validate(config)
@@ -203,7 +216,7 @@ class RunSpec(Mapping):
 
     @classmethod
     def load(cls, run_dir: str | Path, data_root: str | Path | None = None) -> RunSpec:
-        """The spec of a run folder (its ``config.yaml``, :func:`read_run_config`), validated;
+        """The spec of a run folder (its ``config.yaml``, ``read_run_config``), validated;
         ``data_root`` replaces the saved one (the data moved since training)."""
         config = read_run_config(run_dir)
         if data_root is not None:

@@ -6,7 +6,7 @@ was tuned at. ``pml-rank tune`` therefore records, per method, the complete effe
 trials were built from (after ``--set``; :func:`budget_config`), without ``data_root`` (where the
 data lives, recorded separately, is not what is trained), and its hash (:func:`config_hash`).
 ``pml-rank compare --tuned DIR`` builds each method from that recorded config plus the study's
-``best_params`` (:func:`tuned_configs`):
+``best_params`` (``tuned_configs``):
 
 * a ``--set`` that changes a key other than the seed, device, data root, data-loader workers or
   an evaluation-only key (:func:`change_allowed`) to a value other than the tuned one is a

@@ -1,12 +1,13 @@
 """Values the runner reads from a config, checked when the config is checked (``check == train``).
 
-:func:`check_values` (called by :func:`.schema.validate`) refuses, naming the key, every value a
-run would otherwise fail on after training started or silently misread: integer sizes and counts
-go through the one integer validator (:func:`pml_rank_plugins.functional.validation.check_int`:
-floats, bools, strings and out-of-range values refused); ``eval.test_interval >= 1``,
-``eval.patience`` null or ``>= 0``; a known ``device``; finite optimizer and scheduler numbers.
-:func:`check_trainer` is also applied by the builder to the trainer keywords it passes to PML
-(``dataloader_num_workers`` included), and :func:`check_eval_splits` where the splits are known.
+:func:`check_values` (called by :func:`~pml_rank_plugins.experiment.validate`) refuses, naming the
+key, every value a run would otherwise fail on after training started or silently misread: integer
+sizes and counts go through the one integer validator
+(:func:`pml_rank_plugins.functional.validation.check_int`: floats, bools, strings and out-of-range
+values refused); ``eval.test_interval >= 1``, ``eval.patience`` null or ``>= 0``; a known
+``device``; finite optimizer and scheduler numbers. :func:`check_trainer` is also applied by the
+builder to the trainer keywords it passes to PML (``dataloader_num_workers`` included), and
+:func:`check_eval_splits` where the splits are known.
 """
 
 from __future__ import annotations

@@ -60,22 +60,22 @@ def run_comparison(
     """Train every method with seeds ``seed, seed+1, ...``; write tables, plots and pictures.
 
     ``configs``: YAML paths and/or config dicts, or the ``{method: RunSpec}`` that
-    :func:`~pml_rank_plugins.experiment.methods.collect_methods` returned (the CLI's; then
+    :func:`~pml_rank_plugins.experiment.collect_methods` returned (the CLI's; then
     ``overrides``, ``methods`` and ``data_root`` were applied already and are not applied again,
     except that ``tuned`` applies ``overrides`` to the recorded configs). ``reference``: the method the others are compared
     with (default: the first). ``jobs``: worker processes. With ``resume`` a finished run
     (``metrics.json`` present) is reused, an interrupted one continued and a failed one retried;
     otherwise a folder holding an earlier run is refused unless ``overwrite``. ``data_root``: the
     configs' ``data_root`` (``--data-root``; a ``--set data_root=...`` wins). Returns the summary
-    dict (see :func:`.summary.summarize`); ``summary["failed"]`` lists failed runs (the CLI then
-    exits non-zero). ``tuned``: the ``--out`` of a ``pml-rank tune`` run; every method is
-    retrained from the config its study recorded plus its ``best_params``, on fresh seeds (after
-    the tuning seed); a ``--set`` that changes the tuned budget is a ConfigError unless
-    ``allow_budget_change`` (:func:`pml_rank_plugins.experiment.tuned.tuned_configs`).
-    ``summary["tuned_from"]``, ``tuned_params``, ``tuned_config_hash`` and ``budget_changes``
-    record what was trained. ``pictures``: draw each method's retrieval pictures
-    (:func:`write_pictures`, with a progress bar); ``False`` draws none and leaves pictures
-    already in ``out_dir`` untouched; with ``resume`` only missing or out-of-date ones are drawn.
+    dict (see :func:`~pml_rank_plugins.reporting.summarize`); ``summary["failed"]`` lists failed
+    runs (the CLI then exits non-zero). ``tuned``: the ``--out`` of a ``pml-rank tune`` run; every
+    method is retrained from the config its study recorded plus its ``best_params``, on fresh seeds
+    (after the tuning seed); a ``--set`` that changes the tuned budget is a ConfigError unless
+    ``allow_budget_change`` (``experiment.tuned.tuned_configs``). ``summary["tuned_from"]``,
+    ``tuned_params``, ``tuned_config_hash`` and ``budget_changes`` record what was trained.
+    ``pictures``: draw each method's retrieval pictures (:func:`write_pictures`, with a progress
+    bar); ``False`` draws none and leaves pictures already in ``out_dir`` untouched; with ``resume``
+    only missing or out-of-date ones are drawn.
     """
     out_dir = Path(out_dir)
     if collected(configs):
@@ -128,11 +128,12 @@ def write_pictures(
 
     Shows a ``pictures`` progress bar (one step per method, like the runs' bar) and logs one
     line per method with what it wrote and how long it took. Each method costs one embedding
-    pass over its test split plus two figures (:func:`.retrieval.write_retrieval_pictures`).
-    ``only_missing`` (``--resume``): a method whose pictures are all present and newer than its
-    run's checkpoint is skipped without building anything, and only missing or out-of-date files
-    are written; no picture is deleted. A method whose pictures fail is logged and recorded as
-    ``"failed: ..."``; the other methods and the tables go on.
+    pass over its test split plus two figures
+    (:func:`~pml_rank_plugins.reporting.write_retrieval_pictures`). ``only_missing`` (``--resume``):
+    a method whose pictures are all present and newer than its run's checkpoint is skipped without
+    building anything, and only missing or out-of-date files are written; no picture is deleted. A
+    method whose pictures fail is logged and recorded as ``"failed: ..."``; the other methods and
+    the tables go on.
     """
     todo = []
     for name, by_run in results.items():

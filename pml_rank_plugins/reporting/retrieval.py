@@ -17,7 +17,7 @@ Cost per run (the demo's 8 methods, 2 loaded cores; see docs/getting-started.md 
 rebuilding the experiment and embedding the test split once with the run's tester dominates
 (the same forward pass as the run's final test; skipped when the run saved those embeddings); each grid is drawn without a layout engine
 (fixed margins in inches, :func:`grid_geometry`), its PNG written with fast compression and its
-PDF with Type 3 fonts (no TrueType subsetting). :func:`missing_pictures` says which outputs are
+PDF with Type 3 fonts (no TrueType subsetting). ``missing_pictures`` says which outputs are
 missing or older than the run's checkpoint, so a resumed comparison draws only those.
 
 Neighbours are ranked by cosine similarity of the embeddings the configured PML tester computes
@@ -127,7 +127,7 @@ def compute_retrieval(
 
     ``spec``: the run's spec when the caller holds it (a comparison's job), else
     ``RunSpec.load(run_dir)``. Where the run saved every needed split's embeddings at its final
-    test (:func:`saved_embeddings`), only the datasets are built (the models are not: nothing is
+    test (``saved_embeddings``), only the datasets are built (the models are not: nothing is
     embedded).
 
     Returns ``{"split", "reference", "queries": [...], "worst": [...]}``; each entry is
@@ -239,7 +239,7 @@ def missing_pictures(
         which: the checkpoint the pictures use (``"best"``).
 
     Returns:
-        The paths to (re)write, in :func:`picture_paths` order; ``[]`` when all are up to date.
+        The paths to (re)write, in ``picture_paths`` order; ``[]`` when all are up to date.
     """
     run_dir = Path(run_dir)
     paths = picture_paths(out_dir or run_dir, pdf)
@@ -275,7 +275,7 @@ def write_retrieval_pictures(
     Cost: building the run's experiment and one embedding pass over the test split with the
     run's tester (the same work as the run's final test; most of the time on a CPU), then two
     figures of ``num_queries x (k + 1)`` image tiles (each under a second; the PDF copy adds
-    about half of that). With ``only_missing`` nothing is computed when :func:`missing_pictures`
+    about half of that). With ``only_missing`` nothing is computed when ``missing_pictures``
     finds every output up to date, and only the missing or out-of-date files are written
     otherwise; no file is ever deleted.
 
@@ -287,10 +287,10 @@ def write_retrieval_pictures(
         k: retrieved references shown per query.
         seed: the query draw's seed.
         pdf: also write the PDF copies.
-        only_missing: write only what :func:`missing_pictures` lists.
+        only_missing: write only what ``missing_pictures`` lists.
 
     Returns:
-        :func:`picture_paths`: ``[retrieval.png, retrieval.pdf, worst_queries.png,
+        ``picture_paths``: ``[retrieval.png, retrieval.pdf, worst_queries.png,
         worst_queries.pdf, retrieval.json]`` (without the PDFs when ``pdf`` is false), whether
         written now or found up to date.
     """

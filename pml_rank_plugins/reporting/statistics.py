@@ -96,7 +96,7 @@ def paired_difference(
     Returns the :func:`t_interval` of ``d = values - reference`` plus ``t`` and ``p_ttest``
     (``scipy.stats.ttest_rel``, two-sided), ``p_wilcoxon`` (``scipy.stats.wilcoxon``, two-sided,
     only when ``n >= 6`` and some ``d != 0``), ``ci_excludes_zero`` (``None`` when there is no
-    interval) and ``mdd`` (:func:`detectable_difference` of ``n`` and the std of ``d``). With zero
+    interval) and ``mdd`` (``detectable_difference`` of ``n`` and the std of ``d``). With zero
     variance of ``d`` the t-test is undefined: ``t``/``p_ttest`` are None.
     """
     a = np.asarray(values, dtype=np.float64)
@@ -200,8 +200,8 @@ def describe_runs(
     p_ttest_holm + p_wilcoxon_holm + run_ids}}}``. Differences are against ``reference``
     (default: the first method), on the run ids both methods have; the reference itself and
     methods without shared runs get no entry. Per metric, the methods' p-values form one Holm
-    family (:func:`holm`). ``equivalence``: ``{metric: margin}`` (margin in the values' unit):
-    those metrics' differences also get :func:`tost` and ``p_tost_holm``.
+    family (``holm``). ``equivalence``: ``{metric: margin}`` (margin in the values' unit):
+    those metrics' differences also get ``tost`` and ``p_tost_holm``.
     """
     methods = list(runs)
     if reference is None and methods:

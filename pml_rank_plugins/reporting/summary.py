@@ -66,8 +66,9 @@ def summarize(
     "failed"}}, "differences": {name: {metric: paired statistics vs the reference (p-values raw
     and ``_holm``, ``mdd``; on the primary metric ``p_tost*`` with a margin, and
     ``verdict``)}}, "failed": [{name, run_id, error}]}``. ``margin``: the equivalence margin in
-    points of the primary metric (:func:`equivalence_margin` of the config), or None for no
-    TOST. Metric values are fractions (as PML reports them); the Markdown and CSV show percent.
+    points of the primary metric (``experiment.schema.equivalence_margin`` of the config), or None
+    for no TOST. Metric values are fractions (as PML reports them); the Markdown and CSV show
+    percent.
     """
     metrics: list[str] = []
     run_ids: list[str] = []

@@ -9,7 +9,7 @@ compared on paired runs exactly like methods in :mod:`.compare`. Outputs in ``ou
 differences vs the reference cell, t-test and Wilcoxon p) and ``sweep_<key>.png`` (primary metric
 vs each grid key with 95% bands; one line per combination of the other keys). ``resume`` skips
 finished runs; a folder that already holds runs is refused unless ``overwrite`` (the policy of
-:func:`.compare.run_comparison`).
+:func:`~pml_rank_plugins.reporting.run_comparison`).
 Under torchrun every rank trains every run and rank 0 alone writes the files.
 """
 
@@ -94,12 +94,12 @@ def run_sweep(
     has a single method. ``reference``: a cell name (default: the first cell). All cell configs
     are validated and their objects built before the first run (fail fast); failed runs are
     reported, not fatal (``summary["failed"]``). ``data_root``: as in
-    :func:`.compare.run_comparison`. ``resume`` reuses finished runs and continues the others;
-    otherwise run folders that already hold runs are refused
-    (:class:`~pml_rank_plugins.running.run_folder.RunFolderError`) unless ``overwrite``, which
-    replaces them. Under torchrun rank 0 alone writes files. Returns the summary dict.
-    ``prepared``: what :func:`prepare_sweep` returned for these arguments (the CLI's), so the
-    cells are not collected and checked again.
+    :func:`~pml_rank_plugins.reporting.run_comparison`. ``resume`` reuses finished runs and
+    continues the others; otherwise run folders that already hold runs are refused
+    (:exc:`~pml_rank_plugins.running.RunFolderError`) unless ``overwrite``, which replaces them.
+    Under torchrun rank 0 alone writes files. Returns the summary dict. ``prepared``: what
+    :func:`prepare_sweep` returned for these arguments (the CLI's), so the cells are not collected
+    and checked again.
     """
     out_dir = Path(out_dir)
     if prepared is None:

@@ -6,7 +6,7 @@ parameter-importance plot per method (``importance_<method>.png``).
 wall_seconds, seed, direction, config, config_hash, data_root}}}``: ``config`` is the complete
 effective config the method's trials were built from (the budget), ``config_hash`` its hash;
 ``pml-rank compare CONFIG --tuned OUT`` trains exactly that
-(:func:`pml_rank_plugins.experiment.tuned.tuned_configs`). The history plot shows, per method, the best
+(``experiment.tuned.tuned_configs``). The history plot shows, per method, the best
 validation value found so far against the trial number (complete trials only); the importance
 plot is Optuna's fANOVA importance (needs two complete trials with different values).
 """
@@ -42,7 +42,8 @@ def collect_tune_methods(
 ) -> dict[str, RunSpec]:
     """The selected methods' specs (validated once), with their tune sections checked (exit 2
     on any mistake, before anything trains). ``configs``: YAML paths and/or config dicts, or the
-    ``{method: RunSpec}`` of :func:`collect_methods` (the CLI's: not collected again)."""
+    ``{method: RunSpec}`` of :func:`~pml_rank_plugins.experiment.collect_methods` (the CLI's: not
+    collected again)."""
     if collected(configs):
         selected = dict(configs)
     else:
@@ -66,7 +67,7 @@ def run_tune(
     data_root: str | None = None,
 ) -> dict:
     """Tune the selected methods of ``configs`` (paths, dicts or the CLI's ``{method: RunSpec}``,
-    see :func:`collect_tune_methods`) into ``out_dir``; write and return ``tune.json``."""
+    see ``collect_tune_methods``) into ``out_dir``; write and return ``tune.json``."""
     selected = collect_tune_methods(configs, overrides, methods, data_root)
     summary, studies = tune(selected, out_dir, trials, storage, jobs, device)
     out_dir = Path(out_dir)

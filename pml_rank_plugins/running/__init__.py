@@ -15,6 +15,8 @@ Import direction: imports :mod:`pml_rank_plugins.experiment`; imported by
 from .checkpoints import CheckpointError, atomic_torch_save, choose_checkpoint, load_checkpoint
 from .console import repeated_logs_once
 from .distributed import (
+    RankTimeoutError,
+    TorchrunRefusedError,
     barrier,
     is_main_process,
     named_timeouts,
@@ -26,7 +28,13 @@ from .load import LoadedRun, embed, embeddings_files, load_run, save_embeddings
 from .mlrc import evaluate_mlrc, train_mlrc
 from .nonfinite import NonFiniteCheck, NonFiniteError
 from .pool import FAILED_FILE, Job, execute, is_failed, make_jobs, run_job
-from .run_folder import DiskFullError, RunFolderBusy, RunFolderError, StorageError
+from .run_folder import (
+    DiskFullError,
+    RunFolderBusy,
+    RunFolderError,
+    StorageError,
+    UnsafeRunFolder,
+)
 from .runner import evaluate, train
 from .training import train_run
 
@@ -38,9 +46,12 @@ __all__ = [
     "LoadedRun",
     "NonFiniteCheck",
     "NonFiniteError",
+    "RankTimeoutError",
     "RunFolderBusy",
     "RunFolderError",
     "StorageError",
+    "TorchrunRefusedError",
+    "UnsafeRunFolder",
     "atomic_torch_save",
     "barrier",
     "choose_checkpoint",

@@ -3,7 +3,7 @@
 ``latest.pt`` holds everything a resume needs (models, optimizers, schedulers, loss/miner state,
 the sampler's state, every RNG state, the history); ``best.pt`` the model weights of the best
 validation epoch. Everything is stored as tensors and plain Python values (numpy arrays and
-scalars, e.g. numpy's RNG state, as tagged byte tensors, :func:`to_plain`), so every read is
+scalars, e.g. numpy's RNG state, as tagged byte tensors, ``to_plain``), so every read is
 ``torch.load(weights_only=True)``: a file whose pickle needs anything else (a ``__reduce__``
 payload that would run code) is refused, never unpickled. Writes are atomic
 (:func:`atomic_torch_save`; a full disk is one line, :class:`.run_folder.DiskFullError`); reads
@@ -37,11 +37,11 @@ class CheckpointError(RunFolderError):
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
     """``torch.save`` to a temporary file in the same folder, then ``os.replace`` (atomic).
 
-    The temporary file is ``.NAME.<random>.tmp`` (what :func:`.run_folder.remove_partial_writes`
+    The temporary file is ``.NAME.<random>.tmp`` (what ``run_folder.remove_partial_writes``
     removes after a kill). A previous ``path`` stays intact when the write fails.
 
     Args:
-        obj: what to save (tensors and plain values; see :func:`to_plain`).
+        obj: what to save (tensors and plain values; see ``to_plain``).
         path: the destination file.
 
     Raises:
@@ -121,7 +121,7 @@ def to_plain(value: Any, where: str = "checkpoint") -> Any:
 
 
 def from_plain(value: Any) -> Any:
-    """Invert :func:`to_plain` (numpy arrays and scalars, sets and dicts come back exactly)."""
+    """Invert ``to_plain`` (numpy arrays and scalars, sets and dicts come back exactly)."""
     if isinstance(value, list):
         return [from_plain(v) for v in value]
     if type(value) is tuple:
@@ -149,7 +149,7 @@ def from_plain(value: Any) -> Any:
 
 
 def rng_state() -> dict:
-    """Every RNG state (torch, numpy, Python, CUDA) as plain values (:func:`to_plain`)."""
+    """Every RNG state (torch, numpy, Python, CUDA) as plain values (``to_plain``)."""
     state = {
         "torch": torch.get_rng_state(),
         "numpy": to_plain(np.random.get_state(), "rng.numpy"),

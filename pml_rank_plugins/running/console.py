@@ -1,7 +1,7 @@
 """The console of many runs: labelled log lines, workers' records printed by the parent, repeated
 lines folded.
 
-Every log line of a run starts with its name (:func:`run_label`: ``[plugin FastAP seed1] epoch
+Every log line of a run starts with its name (``run_label``: ``[plugin FastAP seed1] epoch
 3/6 ...``); ``spawn`` workers send their log records to the parent (:func:`log_to_parent` in the
 worker, :class:`ToParentLoggers` behind the parent's ``QueueListener``), which prints them through
 its own logging configuration (:func:`logger_levels` carries the levels over); a line that

@@ -17,9 +17,9 @@ Who does what (see :mod:`pml_rank_plugins.trainers.distributed` for the training
 Faults: the process group has a timeout (:func:`setup`'s ``timeout``, else the environment
 variable ``PML_RANK_DIST_TIMEOUT`` in seconds, else 300 s). A collective that waits longer (a rank
 stopped, hung or far slower) fails on the ranks that waited; :func:`named_timeouts` turns that
-failure into a :class:`RankTimeoutError` naming the rank(s) that did not answer, found through
-the rendezvous store, and every rank exits. Before the process group exists (the start of a
-``compare`` or ``sweep`` under torchrun) :func:`is_main_process` reads ``RANK``.
+failure into a :exc:`~pml_rank_plugins.running.RankTimeoutError` naming the rank(s) that did not
+answer, found through the rendezvous store, and every rank exits. Before the process group exists
+(the start of a ``compare`` or ``sweep`` under torchrun) :func:`is_main_process` reads ``RANK``.
 """
 
 from __future__ import annotations
@@ -243,11 +243,12 @@ def is_peer_timeout(error: BaseException) -> bool:
 
 @contextlib.contextmanager
 def named_timeouts() -> Iterator[None]:
-    """Turn a collective's timeout inside the block into a :class:`RankTimeoutError` that names
-    the rank(s) that did not answer; other exceptions pass unchanged.
+    """Turn a collective's timeout inside the block into a
+    :exc:`~pml_rank_plugins.running.RankTimeoutError` that names the rank(s) that did not answer;
+    other exceptions pass unchanged.
 
     Every rank that timed out records it in the rendezvous store and waits (at most the smaller
-    of the timeout and :data:`MAX_REPORT_WAIT_S`) for the others to do the same: a rank that
+    of the timeout and ``MAX_REPORT_WAIT_S``) for the others to do the same: a rank that
     never reports is stopped, hung or dead, and is named.
 
     Raises:

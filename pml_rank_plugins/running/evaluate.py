@@ -83,9 +83,9 @@ def revisited_eval(config: dict, models: dict, tester) -> dict:
 
 def read_run_config(run_dir: str | Path, data_root: str | None = None) -> dict:
     """The saved ``RUN_DIR/config.yaml`` as written, not validated
-    (:func:`pml_rank_plugins.experiment.spec.read_run_config`; :class:`RunFolderError` when
+    (``experiment.spec.read_run_config``; :exc:`~pml_rank_plugins.running.RunFolderError` when
     ``run_dir`` is not a run folder); ``data_root`` replaces the saved one (data moved since
-    training). :meth:`~pml_rank_plugins.experiment.spec.RunSpec.load` parses it too."""
+    training). :meth:`~pml_rank_plugins.experiment.RunSpec.load` parses it too."""
     config = _read_config(run_dir)
     if data_root is not None:
         config["data_root"] = str(data_root)
@@ -103,7 +103,7 @@ def evaluate_run(
 
     Writes and returns ``RUN_DIR/eval.json``: ``{split: {metric: value}}``. ``data_root``
     replaces the saved config's (data moved since training). MLRC runs go through
-    :func:`pml_rank_plugins.running.runner.evaluate`, which dispatches per fold. ``spec``: the
+    :func:`~pml_rank_plugins.running.evaluate`, which dispatches per fold. ``spec``: the
     run's spec when the caller loaded it already (``RunSpec.load(run_dir, data_root)``).
     """
     run_dir = Path(run_dir)

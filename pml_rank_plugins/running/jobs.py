@@ -4,7 +4,7 @@ A :class:`Job` is one (name, seed) run in ``OUT/<slug(name)>/seed<S>``, named af
 ``S`` it trains with (:func:`make_jobs`), a
 folder that must stay inside ``--out`` (:func:`check_inside`). Its result is ``metrics.json``'s
 content, a failure record (:func:`is_failed`; also written to ``RUN_DIR/failed.json``) or a
-refused record (:func:`is_refused`: the run never started because its folder was busy or unsafe,
+refused record (``is_refused``: the run never started because its folder was busy or unsafe,
 and nothing of it is on disk). :mod:`.pool` runs jobs.
 """
 
@@ -26,7 +26,7 @@ LOGGER = logging.getLogger(__name__)
 @dataclass
 class Job:
     """One training run: ``name`` (method or sweep cell), ``run_id`` (``seed<S>``, ``S`` the
-    spec's seed), its :class:`~pml_rank_plugins.experiment.spec.RunSpec` (``config``, named
+    spec's seed), its :class:`~pml_rank_plugins.experiment.RunSpec` (``config``, named
     ``name``), its folder, and the ``--out`` that folder must stay inside (``None``: not
     checked)."""
 
@@ -39,17 +39,18 @@ class Job:
 
 def make_jobs(configs: Mapping[str, RunSpec | Mapping], out_dir: Path, seeds: int) -> list[Job]:
     """Seeds ``seed, seed+1, ...`` (the config's ``seed`` plus the run index) for every config
-    (:meth:`~pml_rank_plugins.experiment.spec.RunSpec.seeded_runs`; config mappings are parsed).
+    (:meth:`~pml_rank_plugins.experiment.RunSpec.seeded_runs`; config mappings are parsed).
 
     Every run folder is ``OUT/<slug(name)>/seed<S>``, ``S`` the seed it trains with (so
     ``compare --tuned``, which trains on the seeds after the tuning seed, writes ``seed1``,
-    ``seed2``, ...), and must resolve inside ``out_dir`` (:func:`.run_folder.inside`). The folder
+    ``seed2``, ...), and must resolve inside ``out_dir`` (``run_folder.inside``). The folder
     name is the run id that pairs runs across methods; methods starting from different seeds
     share no run id, so they are not paired (a warning says so).
 
     Raises:
         ConfigError: a name whose folder would not be one (empty, ``..``) or two names with one
-            folder (:func:`.methods.check_folders`; sweep cells like ``path=a/b`` are slugged).
+            folder (``experiment.methods.check_folders``; sweep cells like ``path=a/b`` are
+            slugged).
         UnsafeRunFolder: a run folder resolves outside ``out_dir`` (a symbolic link in ``OUT``).
     """
     if seeds < 1:
@@ -76,7 +77,8 @@ def make_jobs(configs: Mapping[str, RunSpec | Mapping], out_dir: Path, seeds: in
 
 
 def check_inside(job: Job) -> None:
-    """Raise :class:`.run_folder.UnsafeRunFolder` when the job's folder leaves its ``--out``."""
+    """Raise :exc:`~pml_rank_plugins.running.UnsafeRunFolder` when the job's folder leaves its
+    ``--out``."""
     if job.out_dir is not None and not run_folder.inside(job.out_dir, job.run_dir):
         raise run_folder.UnsafeRunFolder(
             f"{job.run_dir} resolves to {job.run_dir.resolve()}, outside --out "
@@ -97,11 +99,12 @@ def refused_record(job: Job, error: BaseException) -> dict:
 
 
 def is_failed(m: dict) -> bool:
-    """A failure record of :func:`.pool.run_job` or a ``metrics.json`` the runner marked failed."""
+    """A failure record of :func:`~pml_rank_plugins.running.run_job` or a ``metrics.json`` the
+    runner marked failed."""
     return bool(m.get("failed")) or m.get("status") == "failed"
 
 
 def is_refused(m: dict) -> bool:
-    """A run that never started because its folder could not be used (:func:`refused_record`):
+    """A run that never started because its folder could not be used (``refused_record``):
     neither finished nor failed, and nothing of it is on disk."""
     return bool(m.get("refused"))

@@ -1,7 +1,8 @@
 """Using a trained model: load a run folder's models (:func:`load_run`), embed a split with them
 (:func:`embed`) and save the embeddings (:func:`save_embeddings`, ``pml-rank embed``).
 
-:func:`load_run` takes the route ``pml-rank eval`` takes (:meth:`~pml_rank_plugins.experiment.spec.RunSpec.load`,
+:func:`load_run` takes the route ``pml-rank eval`` takes
+(:meth:`~pml_rank_plugins.experiment.RunSpec.load`,
 :func:`pml_rank_plugins.experiment.build_experiment`, :func:`.checkpoints.choose_checkpoint`,
 weights read with ``torch.load(weights_only=True)`` and checked against the models before they
 are loaded) and hands back the trunk and embedder in eval mode, ready for PML's

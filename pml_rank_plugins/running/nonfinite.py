@@ -75,6 +75,8 @@ class NonFiniteCheck:
         ) from error
 
     def start_epoch(self) -> None:
+        """Reset the epoch's loss accumulators (``epoch_loss_sum = 0``, ``epoch_iterations =
+        0``); called at construction and by the epoch loop before each epoch. O(1)."""
         self.epoch_loss_sum: torch.Tensor | float = 0.0
         self.epoch_iterations = 0
 

@@ -6,10 +6,10 @@ Every (method, seed) is an ordinary :func:`.runner.train` run in ``OUT/<method>/
 a run that raises (crash, non-finite loss, a bad object) is recorded in ``RUN_DIR/failed.json``
 and returned as a failure record (:func:`is_failed`), and the other runs complete. Each run holds
 its folder's lock from before its first write to after its last, so a run whose folder another
-live process uses (two ``compare`` on one ``--out``) is *refused* (:func:`is_refused`: not
+live process uses (two ``compare`` on one ``--out``) is *refused* (``is_refused``: not
 failed, nothing written or removed there), and a ``failed.json`` is only ever written or removed
 by the run that holds the folder. Every run folder stays inside ``--out``
-(:func:`.run_folder.inside`).
+(``run_folder.inside``).
 
 Workers show no progress bars of their own (the parent shows one for all runs), exit when the
 parent dies, and send their log lines to the parent (:mod:`.console`: each line labelled with its
@@ -94,10 +94,10 @@ def run_job(job: Job, resume: bool, device: str | None = None, overwrite: bool =
     failing run: returns ``{"failed": True, "error": ..., "traceback": ..., "writer": {pid,
     host}}`` and writes it to ``RUN_DIR/failed.json``.
 
-    The run folder's lock (:func:`.run_folder.lock`) is held for the whole call, so everything
+    The run folder's lock (``run_folder.lock``) is held for the whole call, so everything
     written or removed here -- a stale ``failed.json`` of an earlier attempt, the run, its
     failure record -- happens in a folder no other live run uses. A folder that is busy (another
-    live run holds it), a symbolic link or outside ``--out`` gives :func:`refused_record`, and
+    live run holds it), a symbolic link or outside ``--out`` gives ``refused_record``, and
     nothing is written into it or removed from it.
     """
     run_dir = job.run_dir
@@ -192,15 +192,16 @@ def execute(
     """Run ``jobs``; returns ``{name: {run_id: metrics or failure record}}`` in job order.
 
     Without ``resume`` or ``overwrite``, run folders that already hold a run's outputs are refused
-    before anything trains (:class:`~.run_folder.RunFolderError` listing them); ``overwrite``
-    replaces those outputs, ``resume`` reuses finished runs (removing a stale ``failed.json``
-    beside a finished ``metrics.json``) and continues the others. A run whose folder is in use by
-    another live process, or unsafe, is returned as a :func:`refused_record` (:func:`is_refused`).
+    before anything trains (:exc:`~pml_rank_plugins.running.RunFolderError` listing them);
+    ``overwrite`` replaces those outputs, ``resume`` reuses finished runs (removing a stale
+    ``failed.json`` beside a finished ``metrics.json``) and continues the others. A run whose folder
+    is in use by another live process, or unsafe, is returned as a ``refused_record``
+    (``is_refused``).
 
     ``n_jobs > 1`` runs them in that many ``spawn`` worker processes (each with the parent's
     torch thread count and registered names, so results equal a sequential run); worker ``k``
     uses GPU ``k mod #GPUs`` when the device is ``cuda`` and several GPUs are visible.
-    Every run's log lines carry its label (``[name seed<S>] ...``, :func:`run_label`); workers'
+    Every run's log lines carry its label (``[name seed<S>] ...``, ``console.run_label``); workers'
     lines are printed by this process, workers draw no progress bars and exit if this process
     dies; lines repeated across runs are printed once with a count (:func:`repeated_logs_once`).
 
@@ -232,7 +233,8 @@ def execute(
 
 
 def refuse_used_folders(jobs: Sequence[Job]) -> None:
-    """:class:`~.run_folder.RunFolderError` listing the jobs' folders that hold a run already."""
+    """:exc:`~pml_rank_plugins.running.RunFolderError` listing the jobs' folders that hold a run
+    already."""
     used = [(j.run_dir, run_folder.describe_run(j.run_dir)) for j in jobs]
     used = [f"{d} ({what})" for d, what in used if what is not None]
     if used:

@@ -174,11 +174,11 @@ def lock(run_dir: str | Path, nested: bool = False) -> Iterator[Path]:
     Raises :class:`RunFolderBusy` at once (no waiting) when another open lock exists, including
     one taken by the same process through another ``lock`` call -- except inside a
     ``lock(run_dir, nested=True)`` block of the same thread, where a further ``lock(run_dir)``
-    reuses the held lock (:func:`.pool.run_job` holds the folder across ``runner.train``, so its
-    stale-record cleanup and failure record happen under the lock too). A ``run_dir`` that is
-    a symbolic link, or whose ``.lock`` is one, is refused (:class:`UnsafeRunFolder`): a run
-    folder received from someone else must not make the run write elsewhere. A refused lock
-    writes nothing.
+    reuses the held lock (:func:`~pml_rank_plugins.running.run_job` holds the folder across
+    ``runner.train``, so its stale-record cleanup and failure record happen under the lock too). A
+    ``run_dir`` that is a symbolic link, or whose ``.lock`` is one, is refused
+    (:class:`UnsafeRunFolder`): a run folder received from someone else must not make the run write
+    elsewhere. A refused lock writes nothing.
 
     Args:
         run_dir: the run folder.

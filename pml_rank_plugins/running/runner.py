@@ -27,15 +27,15 @@ def train(
     """Train ``config`` into ``run_dir`` and return the ``metrics.json`` content.
 
     ``resume=True`` continues from ``checkpoints/latest.pt`` (``config`` may be ``None`` to reuse
-    ``run_dir/config.yaml``; only :data:`.resume.BUDGET_KEYS` may differ from it, e.g. more epochs
+    ``run_dir/config.yaml``; only ``resume.BUDGET_KEYS`` may differ from it, e.g. more epochs
     to extend a finished run). Without ``resume``, a folder that already holds a run is refused
-    unless ``overwrite``. The folder is locked for the whole call (:func:`.run_folder.lock`; under
+    unless ``overwrite``. The folder is locked for the whole call (``run_folder.lock``; under
     torchrun by rank 0, which alone writes files and evaluates). ``stop_after_epoch`` stops early
     as if interrupted (for tests and budgeted runs); the run can then be resumed. A non-finite
     loss or gradient raises :class:`.nonfinite.NonFiniteError`; any failure during training is
     recorded in ``metrics.json`` (``"status": "failed"``). MLRC configs train every fold (same
     folder policy: lock, refusal, ``overwrite`` removing only our outputs). ``config``: a
-    :class:`~pml_rank_plugins.experiment.spec.RunSpec` (a config mapping is parsed here).
+    :class:`~pml_rank_plugins.experiment.RunSpec` (a config mapping is parsed here).
     """
     run_dir = Path(run_dir)
     spec = load_run_config(config, run_dir)

@@ -109,10 +109,10 @@ def train_run(
 ) -> dict:
     """Train one experiment into ``run_dir`` and return the ``metrics.json`` content.
 
-    ``spec``: the run's :class:`~pml_rank_plugins.experiment.spec.RunSpec`. ``resume=True`` continues from
-    ``checkpoints/latest.pt`` (only :data:`.resume.BUDGET_KEYS` may differ from the saved config,
+    ``spec``: the run's :class:`~pml_rank_plugins.experiment.RunSpec`. ``resume=True`` continues from
+    ``checkpoints/latest.pt`` (only ``resume.BUDGET_KEYS`` may differ from the saved config,
     e.g. more epochs to extend a finished run). Without ``resume``, a folder that already holds a run is refused
-    unless ``overwrite``. The folder is locked for the whole call (:func:`run_folder.lock`; under
+    unless ``overwrite``. The folder is locked for the whole call (``run_folder.lock``; under
     torchrun by rank 0, which alone writes files and evaluates). ``stop_after_epoch`` stops
     early as if interrupted (for tests and budgeted runs); the run can then be resumed. A
     non-finite loss or gradient raises :class:`.nonfinite.NonFiniteError`; any failure during
@@ -394,7 +394,7 @@ class KeptEmbeddings:
 def save_test_embeddings(run_dir: Path, embeddings: dict, checkpoint: str) -> None:
     """``RUN_DIR/embeddings/<split>.npz`` for each split the final test embedded (``{split:
     (embeddings, labels)}``), tagged with the checkpoint they came from. A bonus for
-    ``compare``'s pictures (:func:`pml_rank_plugins.reporting.retrieval.saved_embeddings`): a
+    ``compare``'s pictures (``reporting.retrieval.saved_embeddings``): a
     failure to write them is logged, never fails the run. O(N D) per split."""
     try:
         (run_dir / "embeddings").mkdir(exist_ok=True)
