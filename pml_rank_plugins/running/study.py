@@ -209,8 +209,13 @@ def is_interrupted(trial: optuna.trial.FrozenTrial) -> bool:
 
 
 def counted_trials(study: optuna.Study) -> int:
-    """The trials that count toward ``--trials``: every trial but the interrupted ones."""
-    return sum(not is_interrupted(t) for t in study.get_trials(deepcopy=False))
+    """The trials that count toward ``--trials``: every trial but the interrupted ones and the
+    WAITING ones (enqueued continuations of interrupted trials count once a worker asks for
+    them: :mod:`.trial_resume`)."""
+    return sum(
+        not is_interrupted(t) and t.state != TrialState.WAITING
+        for t in study.get_trials(deepcopy=False)
+    )
 
 
 def study_summary(study: optuna.Study, wall_seconds: float, config: Mapping) -> dict:

@@ -24,8 +24,10 @@ workers' trials would be lost). Trial numbers come from the
 storage, so a trial folder is never reused. Asking for a trial holds a lock (a file lock in
 ``OUT``; with PostgreSQL also an advisory lock in the database), so the study never gets more than
 ``trials`` trials. Rerunning the same command continues: finished trials are kept, a trial left
-RUNNING by a killed process on this machine is marked FAIL (its run folder's lock is free), and
-new trials are added until the study holds ``trials``. A trial counts as interrupted only when the
+RUNNING by a killed process on this machine is marked FAIL (its run folder's lock is free) and
+does not count toward ``trials``; when its folder holds a checkpoint, a new trial with the same
+parameters continues that folder where it stopped (:mod:`.trial_resume`: nothing trained twice,
+nothing lost), and new trials are added until the study holds ``trials`` that count. A trial counts as interrupted only when the
 process that asked for it (``pid`` attribute, this machine) is gone; its run folder is then marked
 FAIL. A failing trial (exception, non-finite loss) is recorded FAIL in the study and in its
 folder, and the study goes on. Workers die with the ``tune`` process (:mod:`.parent`), and no more
@@ -78,6 +80,7 @@ from .study import (  # noqa: F401 -- re-exported: tune's public names
     refuse_in_memory,
     study_summary,
 )
+from .trial_resume import continued_trial, replay_reports, requeue_interrupted
 
 LOGGER = logging.getLogger(__name__)
 
@@ -129,8 +132,12 @@ def trial_config(job: TuneJob, params: Mapping[str, Any], number: int) -> dict:
     return search_space.trial_config(job.config, params, f"{job.method} trial{number}")
 
 
-def train_trial(trial: optuna.Trial, config: dict, run_dir: Path, device: str | None) -> float:
-    """Train one trial; report each validated epoch to the pruner (and a progress line). Returns
+def train_trial(
+    trial: optuna.Trial, config: dict, run_dir: Path, device: str | None, resume: bool = False
+) -> float:
+    """Train one trial (``resume``: continue ``run_dir`` from its checkpoint, for a trial that
+    continues an interrupted one); report each validated epoch to the pruner (and a progress
+    line). Returns
     the objective; raises :class:`optuna.TrialPruned` when the pruner stopped it (after that
     epoch's checkpoint), and ``UpdateFinishedTrialError`` when another command finished the
     trial (the run stops after that epoch's checkpoint, as a killed one; no failure record)."""
@@ -153,7 +160,7 @@ def train_trial(trial: optuna.Trial, config: dict, run_dir: Path, device: str | 
 
     spec = RunSpec.of(config)  # a trial's config is new: validated once, here
     on_epoch = None if spec.protocol.is_mlrc else report  # MLRC's epochs are per fold: not pruned
-    m = runner.train(spec, run_dir, device=device, on_epoch=on_epoch)
+    m = runner.train(spec, run_dir, resume=resume, device=device, on_epoch=on_epoch)
     if finished:
         raise finished[0]
     if "interrupted_after_epoch" in m:
@@ -185,7 +192,11 @@ def _ask(job: TuneJob, study: optuna.Study) -> tuple[optuna.Trial, Path] | None:
         if counted_trials(study) >= job.trials:
             return None
         trial = study.ask()
-        run_dir = trial_folder(job, trial.number)
+        interrupted = continued_trial(study, trial)
+        if interrupted is None:
+            run_dir = trial_folder(job, trial.number)
+        else:  # continues the interrupted trial's folder (trial_resume)
+            run_dir = Path(interrupted.user_attrs["run_dir"])
         if not run_folder.inside(job.out_dir, run_dir):  # a method folder linked elsewhere
             raise run_folder.UnsafeRunFolder(f"{run_dir}: resolves outside --out {job.out_dir}")
         trial.set_user_attr("run_dir", str(run_dir))
@@ -228,11 +239,14 @@ def _run_one(
 ) -> bool:
     """Train and tell one trial; True when the sampler's space is exhausted."""
     params = {p.path: suggest(trial, p) for p in space.values()}
-    config = trial_config(job, params, trial.number)
+    interrupted = continued_trial(study, trial)
+    if interrupted is not None:  # the interrupted run's own config (its name), then its curve
+        replay_reports(trial, interrupted)
+    config = trial_config(job, params, trial.number if interrupted is None else interrupted.number)
     t0 = time.perf_counter()
     value, state, error = None, TrialState.COMPLETE, None
     try:
-        value = train_trial(trial, config, run_dir, job.device)
+        value = train_trial(trial, config, run_dir, job.device, resume=interrupted is not None)
     except optuna.TrialPruned:
         state = TrialState.PRUNED
     except optuna.exceptions.UpdateFinishedTrialError:
@@ -324,6 +338,8 @@ def tune(
             study = open_study(job)
             digest = bind_budget(study, job)
             fail_interrupted_trials(study, job)
+            for number in requeue_interrupted(study, job.out_dir):
+                LOGGER.info("[%s] trial %d will continue from its checkpoint", method, number)
         t0 = time.perf_counter()
         left = job.trials - counted_trials(study)
         if left > 0:
