@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 
 from pml_rank_plugins.experiment import registry
@@ -69,8 +71,33 @@ def trials_of(out, method):
     return sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
 
 
+@pytest.fixture
+def workers_in_process(monkeypatch):
+    """Run each study's trials in this process instead of in a ``spawn`` worker.
+
+    ``pml-rank tune`` always trains in spawned workers (:func:`tuning._run_workers`); those are
+    exercised by the ``jobs=2`` and diverging-trial tests below (the latter also carries a user
+    registration into them), tests/reporting/test_tune_report.py's CLI tests and
+    tests/running/test_tune_concurrency.py. A test about what a study records saves here a fresh
+    Python importing torch per method and ``run_tune`` call (about 5 s of CPU each). The worker
+    itself (:func:`tuning._worker`, then :func:`tuning.run_trials`) is the real one; the logger
+    levels it sets for its own process are put back afterwards.
+    """
+    loggers = [logging.getLogger(n) for n in ("PML", "pml_rank_plugins.running.training")]
+    levels = [logger.level for logger in loggers]
+
+    def in_process(job, jobs):
+        assert jobs == 1, "in-process workers run one at a time: use spawn workers for jobs > 1"
+        tuning._worker(job, 0, torch.get_num_threads(), {})
+
+    monkeypatch.setattr(tuning, "_run_workers", in_process)
+    yield
+    for logger, level in zip(loggers, levels):
+        logger.setLevel(level)
+
+
 @pytest.mark.slow
-def test_two_methods_three_trials_then_resume_to_five(tmp_path):
+def test_two_methods_three_trials_then_resume_to_five(tmp_path, workers_in_process):
     out = tmp_path / "tune"
     summary = run_tune([glyph_config()], out)
     assert set(summary["methods"]) == {"plugin FastAP", "PML Contrastive"}
@@ -160,7 +187,7 @@ def test_a_diverging_trial_is_recorded_failed_and_the_study_finishes(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_pruned_trial_stops_early(tmp_path):
+def test_a_pruned_trial_stops_early(tmp_path, workers_in_process):
     cfg = glyph_config(epochs=4)
     cfg["methods"].pop("plugin FastAP")
     cfg["tune"]["space"] = {"optimizers.trunk_optimizer.lr": {"choice": [0.01, 1e-9]}}
