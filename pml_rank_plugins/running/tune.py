@@ -334,12 +334,7 @@ def tune(
     results, studies = {}, {}
     for method, cfg in configs.items():
         job = TuneJob(method, copy.deepcopy(cfg), budgets[method], url, out_dir, device)
-        with ask_lock(job):  # storage created once; every trial asked has its owner (_ask)
-            study = open_study(job)
-            digest = bind_budget(study, job)
-            fail_interrupted_trials(study, job)
-            for number in requeue_interrupted(study, job.out_dir):
-                LOGGER.info("[%s] trial %d will continue from its checkpoint", method, number)
+        study, digest = _open_and_recover(job)
         t0 = time.perf_counter()
         left = job.trials - counted_trials(study)
         if left > 0:
@@ -349,6 +344,19 @@ def tune(
         results[method] = study_summary(studies[method], time.perf_counter() - t0, cfg)
         results[method].update(config=job.budget[0], config_hash=digest, data_root=job.budget[1])
     return {"storage": public_url(url), "methods": results}, studies
+
+
+def _open_and_recover(job: TuneJob) -> tuple[optuna.Study, str]:
+    """Under the ask lock (the storage is created once; every trial asked has its owner): the
+    study, bound to the job's budget (its config hash returned), its interrupted trials marked
+    failed and continued where they have a checkpoint."""
+    with ask_lock(job):
+        study = open_study(job)
+        digest = bind_budget(study, job)
+        fail_interrupted_trials(study, job)
+        for number in requeue_interrupted(study, job.out_dir):
+            LOGGER.info("[%s] trial %d will continue from its checkpoint", job.method, number)
+    return study, digest
 
 
 def _run_workers(job: TuneJob, jobs: int) -> None:
