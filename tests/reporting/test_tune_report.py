@@ -10,7 +10,7 @@ import yaml
 from pml_rank_plugins.cli import main
 from pml_rank_plugins.experiment.schema import load_yaml
 from pml_rank_plugins.reporting.tune_report import markdown
-from tests.running.test_tune import glyph_config
+from tests.running.test_tune import glyph_config, workers_in_process  # noqa: F401 (fixture)
 
 
 def write(path, config) -> str:
@@ -31,7 +31,8 @@ def test_tune_then_compare_tuned_uses_the_best_parameters_on_fresh_seeds(tmp_pat
     assert tuned["methods"]["plugin FastAP"]["n_trials"] == 2
 
     args = ["compare", path, "--tuned", str(tmp_path / "t"), "--out", str(tmp_path / "c")]
-    assert main(args + ["--seeds", "2"]) == 0
+    # no retrieval pictures (reporting/test_retrieval.py): what is under test is the runs' configs
+    assert main(args + ["--seeds", "2", "--no-pictures"]) == 0
     for i in range(2):
         seed = cfg["seed"] + 1 + i  # fresh: every trial trained with seed 0
         run = load_yaml(tmp_path / "c" / "plugin_FastAP" / f"seed{seed}" / "config.yaml")
@@ -112,6 +113,7 @@ def run_config_epochs(run_dir) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("workers_in_process")  # the CLI's spawn worker: the test above
 def test_compare_tuned_trains_the_budget_it_was_tuned_at(tmp_path, capsys):
     # The issue's reproduction: tuned with --set trainer.num_epochs=N, compared without it.
     cfg = glyph_config(epochs=2)
@@ -125,7 +127,8 @@ def test_compare_tuned_trains_the_budget_it_was_tuned_at(tmp_path, capsys):
     assert entry["config_hash"].startswith("sha256:") and "data_root" in entry
     capsys.readouterr()
 
-    compare = ["compare", path, "--tuned", tune_out, "--seeds", "1"]
+    # no retrieval pictures: what is under test is the budget each run trained at
+    compare = ["compare", path, "--tuned", tune_out, "--seeds", "1", "--no-pictures"]
     assert main(compare + ["--out", str(tmp_path / "c0")]) == 0
     assert run_config_epochs(tmp_path / "c0" / "plugin_FastAP" / "seed1") == 1  # not the file's 2
     capsys.readouterr()
