@@ -1,9 +1,10 @@
 """Concurrent ``pml-rank tune`` commands on one ``--out`` (third audit, item 4 and item 11).
 
-Every test runs real ``python -m pml_rank_plugins tune`` processes on a tiny contrastive-only
-glyph config, because what is under test is between processes: a trial's owner is a spawned
-worker of one command, and the other command only sees it through the storage and the run
-folder's lock.
+Every test with a live trial runs real ``python -m pml_rank_plugins tune`` processes on a tiny
+contrastive-only glyph config, because what is under test is between processes: a trial's owner
+is a spawned worker of one command, and the other command only sees it through the storage and
+the run folder's lock. A command refused before any trial trains, judging a trial whose owner is
+already dead, runs in this process (:func:`run_tune_in_process`).
 
 Exit status of an owner whose trial another command marked finished: its worker logs one line
 (``trial K was finished by another command``) and stops asking; the command itself then reports
@@ -31,6 +32,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from pml_rank_plugins.cli import main
 from pml_rank_plugins.experiment.methods import slug
 from pml_rank_plugins.reporting.tune_report import collect_tune_methods
 from pml_rank_plugins.running import run_folder
@@ -84,6 +86,15 @@ def run_tune_cli(config: Path, out: str | Path, trials: int, cwd: Path):
         text=True,
         timeout=120,
     )
+
+
+def run_tune_in_process(config: Path, out: str | Path, trials: int, cwd: Path, monkeypatch, capsys):
+    """``pml-rank tune`` as :func:`run_tune_cli` runs it (from ``cwd``), but in this process;
+    ``(exit status, stderr)``. Only for a command that trains nothing (no worker is spawned)."""
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    rc = main(tune_command(config, out, trials)[3:])  # without "python -m pml_rank_plugins"
+    return rc, capsys.readouterr().err
 
 
 def wait_for_first_checkpoint(out: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -253,7 +264,7 @@ def dead_pid() -> int:
 
 @pytest.mark.parametrize("where", ["absolute elsewhere", "../../x"])
 @pytest.mark.slow
-def test_tampered_run_dir_outside_out_is_refused(tmp_path, where):
+def test_tampered_run_dir_outside_out_is_refused(tmp_path, where, monkeypatch, capsys):
     # Audit 3 item 11: a RUNNING trial whose run_dir is absolute elsewhere or `../../x` made
     # `tune` create that tree and a `.lock` outside --out.
     config = write_config(tmp_path / "c.yaml", epochs=1)
@@ -276,10 +287,11 @@ def test_tampered_run_dir_outside_out_is_refused(tmp_path, where):
     trial.set_user_attr("pid", dead_pid())
     before = files_under(tmp_path, but=out)
 
-    result = run_tune_cli(config, out, 2, cwd=cwd)
-    assert result.returncode == 1, result.stderr
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("pml-rank: error: ")
-    assert f"run_dir {run_dir!r} is not inside --out" in result.stderr
+    # the trial's owner is dead: nothing between processes is left to test, so no subprocess
+    rc, stderr = run_tune_in_process(config, out, 2, cwd, monkeypatch, capsys)
+    assert rc == 1, stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("pml-rank: error: ")
+    assert f"run_dir {run_dir!r} is not inside --out" in stderr
     assert files_under(tmp_path, but=out) == before  # nothing created outside --out
     assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "x").exists()
     assert not (out / slug(METHOD)).exists()  # and no trial trained
