@@ -353,7 +353,7 @@ def test_a_trial_finished_by_another_command_before_its_tell_stops_the_worker(
     job, study = bound_study(tmp_path / "t", trials=2)
     storage = optuna.storages.RDBStorage(job.storage)
 
-    def trained_while_failed_elsewhere(trial, config, run_dir, device):
+    def trained_while_failed_elsewhere(trial, config, run_dir, device, resume=False):
         study_id = storage.get_study_id_from_name(METHOD)
         storage.set_trial_state_values(
             storage.get_trial_id_from_study_id_trial_number(study_id, trial.number),
