@@ -77,7 +77,7 @@ def start_slow_tune(out: Path) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
+def test_a_killed_tune_continues_the_trial_in_progress(tmp_path):
     out = tmp_path / "t"
     proc = start_slow_tune(out)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -92,22 +92,23 @@ def test_a_killed_tune_loses_only_the_trial_in_progress(tmp_path):
     cfg["tune"]["pruner"] = {"ThresholdPruner": {"lower": 0.99, "n_warmup_steps": 0}}
     summary = run_tune([cfg], out, trials=3)
     trials = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
-    # the interrupted trial is recorded failed but does not count toward --trials: every
-    # method of a study gets the same number of trials with an outcome (issue 27)
+    # the killed trial is recorded failed (interrupted) and does not count toward --trials:
+    # every method of a study gets the same number of trials with an outcome (issue 27) ...
     assert [t.state for t in trials] == [TrialState.FAIL] + [TrialState.PRUNED] * 3
     assert trials[0].user_attrs["error"].startswith("interrupted: its process")
     assert summary["methods"]["PML Contrastive"]["n_trials"] == 3
     assert summary["methods"]["PML Contrastive"]["n_interrupted"] == 1
     assert summary["methods"]["PML Contrastive"]["states"] == {"fail": 1, "pruned": 3}
-    # new trials got new folders; the interrupted trial's folder was not reused
+    # ... and trial 1 continued it, in its folder, with its parameters (trial_resume.py)
+    assert trials[1].user_attrs["resumes"] == 0 and trials[1].params == trials[0].params
+    assert trials[1].user_attrs["run_dir"] == trials[0].user_attrs["run_dir"]
+    # fresh trials got fresh folders; no folder for the continuation
     assert sorted(p.name for p in (out / "PML_Contrastive").iterdir()) == [
         "trial0",
-        "trial1",
         "trial2",
         "trial3",
     ]
-    assert not (out / "PML_Contrastive" / "trial0" / "metrics.json").exists()
-    assert (out / "PML_Contrastive" / "trial1" / "checkpoints" / "latest.pt").exists()
+    assert (out / "PML_Contrastive" / "trial2" / "checkpoints" / "latest.pt").exists()
 
 
 @pytest.mark.slow
