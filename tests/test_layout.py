@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.function_sizes import function_lengths
+
 PACKAGE = "pml_rank_plugins"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
@@ -228,25 +230,6 @@ def test_cli_imports_only_public_names(package):
                 assert not source.startswith(target + "."), f"{m} imports the submodule {source}"
     assert used, f"the CLI does not import {package}"
     assert set(used) <= public, sorted(set(used) - public)
-
-
-def function_lengths(path: Path) -> dict[str, int]:
-    """``{qualified name: lines}`` of every function and method in ``path`` (decorators and
-    docstring included)."""
-    out: dict[str, int] = {}
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            name = prefix
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{prefix}{child.name}."
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                first = min([child.lineno] + [d.lineno for d in child.decorator_list])
-                out[name[:-1]] = child.end_lineno - first + 1
-            visit(child, name)
-
-    visit(ast.parse(path.read_text(), str(path)), "")
-    return out
 
 
 def test_function_lengths_counts_nested_functions_and_methods(tmp_path):

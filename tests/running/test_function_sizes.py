@@ -6,29 +6,12 @@ docstring included, every function and method (nested ones too).
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.function_sizes import function_lengths
 
 RUNNING = Path(__file__).resolve().parents[2] / "pml_rank_plugins" / "running"
 MAX_LINES = 50
-
-
-def function_lengths(path: Path) -> dict[str, int]:
-    """``{qualified name: lines}`` of every function and method in ``path``."""
-    out: dict[str, int] = {}
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            name = prefix
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{prefix}{child.name}."
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                first = min([child.lineno] + [d.lineno for d in child.decorator_list])
-                out[name[:-1]] = child.end_lineno - first + 1
-            visit(child, name)
-
-    visit(ast.parse(path.read_text(), str(path)), "")
-    return out
 
 
 def test_the_counter_counts_decorators_docstrings_and_nested_functions(tmp_path):
