@@ -22,9 +22,11 @@ every part (a run cut short still leaves what it found):
   named), equal to PML's exact search.
 
 ``--tiny`` uses toy sizes (N = 64, 128; a few test files; two training iterations) so CI runs
-the same script on the CPU in well under a minute (``tests/test_gpu_check.py``). Parts that need
-CUDA are reported ``skipped`` with the reason under ``--device cpu``. On one H100-class GPU the
-per-part limits add up to under 8 minutes (:data:`LIMITS_S`, :data:`TOTAL_S`).
+the same script on the CPU in well under a minute (``tests/test_gpu_check.py``); it runs the
+benchmark scripts and pytest inside their part's process (toy sizes are not timed; a full run
+gives each a fresh process). Parts that need CUDA are reported ``skipped`` with the reason under
+``--device cpu``, without starting a process. On one H100-class GPU the per-part limits add up
+to under 8 minutes (:data:`LIMITS_S`, :data:`TOTAL_S`).
 Exit status: 0 when no part failed, 1 otherwise.
 """
 
@@ -65,7 +67,7 @@ LIMITS_S = {
     "distributed": 45,
     "knn": 30,
 }
-# --tiny takes about 45 s of CPU on 2 cores (95 s wall under a load of 7); room for a busy CI
+# --tiny takes about 40 s of CPU on 2 cores (95 s wall under a load of 7); room for a busy CI
 TINY_LIMITS_S = {
     "environment": 60,
     "tests": 90,

@@ -5,8 +5,10 @@ writes ``DIR/result.json``: ``{"status": "pass" | "fail" | "skipped", "reason": 
 "details": {...}, "markdown": [lines]}`` (:func:`part_main`). Parts here: ``environment``,
 ``tests``, ``benchmarks``, ``training``; ``distributed`` is in ``gpu_check_dist.py`` and ``knn`` in
 ``gpu_check_knn.py`` (they import the package's heavier modules, which these parts do not
-need). A part that needs CUDA is ``skipped`` with ``--device cpu`` and fails with ``--device
-cuda`` when no GPU is usable.
+need). With ``--tiny`` the benchmark scripts and pytest run in the part's own process
+(``gpu_check_here.py``); otherwise each gets a fresh process, as its timings need. A part that
+needs CUDA is ``skipped`` with ``--device cpu`` and fails with ``--device cuda`` when no GPU is
+usable.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import pytorch_metric_learning
 import torch
+from gpu_check_here import run_here, run_script_here
 
 import pml_rank_plugins
 
@@ -173,9 +176,16 @@ def part_tests(args) -> dict:
     dirs = device_test_dirs()
     targets = TINY_TESTS if args.tiny else [f"tests/{name}" for name in dirs]
     workers = "4" if (os.cpu_count() or 1) >= 8 and not args.tiny else "0"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "-n", workers]
-    cmd += ["-m", "not slow", *targets]
-    code, output = run(cmd, args.budget, {"TEST_DEVICE": args.device})
+    options = ["-q", "-ra", "-p", "no:cacheprovider", "-n", workers, "-m", "not slow", *targets]
+    if args.tiny:  # in this process: one torch import fewer (see gpu_check_here)
+        import pytest  # only this part needs it
+
+        with run_here(["pytest", *options], {"TEST_DEVICE": args.device}) as buffer:
+            code = int(pytest.main(options))
+        output = buffer.getvalue()
+    else:
+        cmd = [sys.executable, "-m", "pytest", *options]
+        code, output = run(cmd, args.budget, {"TEST_DEVICE": args.device})
     counts = parse_pytest(output)
     details = {"targets": targets, "test_device": args.device, "returncode": code, **counts}
     lines = [
@@ -218,9 +228,13 @@ def part_benchmarks(args) -> dict:
     deadline = time.monotonic() + args.budget
     for script, sizes in bench_plan(args):
         out = Path(args.out, script.replace(".py", ".json"))
-        cmd = [sys.executable, ROOT / "benchmarks" / script, *sizes, *common, "--json", out]
+        path, argv = ROOT / "benchmarks" / script, [*sizes, *common, "--json", out]
         try:
-            code, output = run(cmd, max(1.0, deadline - time.monotonic()))
+            if args.tiny:  # toy sizes, not timed: in this process (see gpu_check_here)
+                code, output = run_script_here(path, argv)
+            else:
+                left = max(1.0, deadline - time.monotonic())
+                code, output = run([sys.executable, path, *argv], left)
         except subprocess.TimeoutExpired:
             failures.append(f"{script}: timed out")
             continue

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_check  # noqa: E402
+from gpu_check_here import run_here, run_script_here  # noqa: E402
 from gpu_check_parts import parse_pytest  # noqa: E402
 
 # The parts issue 31 asks for; written out here so that dropping one from the script fails.
@@ -36,7 +37,9 @@ def cpu_report(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return out, done
 
 
-@pytest.mark.slow  # about 45 s of CPU: 8 Python processes importing torch, 2 of them torchrun ranks
+# slow: about 40 s of CPU: 8 Python processes importing torch (torchrun and its 2 ranks among
+# them); --tiny runs the benchmark scripts and pytest inside their parts' processes
+@pytest.mark.slow
 def test_gpu_check_cpu_tiny_reports_every_part(cpu_report):
     out, done = cpu_report
     assert done.returncode == 0, done.stdout + done.stderr
@@ -123,3 +126,26 @@ def test_parse_pytest_reads_the_summary_and_failures():
     )
     assert counts["failed_ids"] == ["tests/losses/test_fastap.py::test_x[float32]"]
     assert counts["skip_reasons"] == [output.splitlines()[1]]
+
+
+def test_a_script_run_in_process_gives_its_exit_code_and_output_and_restores_state(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import os, sys\n"
+        "print('argv', sys.argv[1:], os.getcwd(), os.environ['GPU_CHECK_X'])\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "if sys.argv[1] == 'raise':\n"
+        "    raise ValueError('boom')\n"
+        "sys.exit(int(sys.argv[1]))\n"
+    )
+    argv, path, cwd = list(sys.argv), list(sys.path), os.getcwd()
+    with run_here(["x"], {"GPU_CHECK_X": "here"}, cwd=tmp_path):
+        code, output = run_script_here(script, [3, "b"])
+        assert code == 3
+        assert output.splitlines() == [f"argv ['3', 'b'] {ROOT} here", "to stderr"]
+        code, output = run_script_here(script, ["raise"])
+        assert code == 1 and output.strip().endswith("ValueError: boom")
+        assert run_script_here(script, ["0"])[0] == 0
+        assert os.getcwd() == str(tmp_path) and sys.argv == ["x"]
+    assert (sys.argv, sys.path, os.getcwd()) == (argv, path, cwd)
+    assert "GPU_CHECK_X" not in os.environ
