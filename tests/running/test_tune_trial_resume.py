@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from pml_rank_plugins.experiment.search_space import check_tune_config, suggest
@@ -69,6 +70,7 @@ def val_epochs(run_dir: Path) -> list[int]:
     return [r[0] for r in db.execute(f"SELECT epoch FROM {val}")]
 
 
+@pytest.mark.slow  # 9 s idle: a tune worker process
 def test_a_killed_trial_continues_from_its_checkpoint_and_equals_an_uninterrupted_one(tmp_path):
     out = tmp_path / "t"
     study, job, trial_config, first = interrupted_study(out)

@@ -55,6 +55,7 @@ def _one_step(amp):
     return trainer, trunk_dtypes, loss.dtypes, moved, finite
 
 
+@pytest.mark.slow  # 10 s idle: two ranks
 def test_bfloat16_models_autocast_loss_in_float32():
     trainer, trunk, loss, moved, finite = _one_step({"dtype": "bfloat16"})
     assert trunk == [torch.bfloat16, torch.bfloat16]  # the model ran under autocast
