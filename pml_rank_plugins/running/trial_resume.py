@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
+
 from . import run_folder
 from .study import is_interrupted
 
