@@ -1,7 +1,8 @@
 # Two entry points for a fresh machine (see README.md):
 #   make demo  -- builds .venv, then runs the main job on the embedded GlyphDataset
 #   make test  -- builds .venv, then runs the test suite
-#   make docs  -- builds the Sphinx site into docs/_build/html (warnings are errors)
+#   make docs  -- builds the Sphinx site into docs/_build/html (nitpicky: every cross-reference
+#                 must resolve; warnings are errors)
 #   make wheel -- builds dist/pml_rank_plugins-<version>-py3-none-any.whl in an isolated build
 #                 environment (needs only $(PYTHON) with pip: no .venv, no torch; README "Install")
 #   make test-fast -- the test suite without the tests marked slow
