@@ -29,10 +29,10 @@ demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/pml-rank compare configs/default.yaml --seeds 3 --jobs 2 --out runs/default
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist loadgroup -q
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -n 2 -q -m "not slow"
+	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow"
 
 docs: $(STAMP)
 	$(PY) -m sphinx -n -W -b html docs docs/_build/html

@@ -16,6 +16,10 @@ from pathlib import Path
 
 import pytest
 
+# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadgroup`
+# (make test) they run on one worker, so the fixture is built once
+pytestmark = pytest.mark.xdist_group("docs_site")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 API_NAMES = [

@@ -35,7 +35,9 @@ class TinyNet64(TinyNet):
 
 
 registry.register("TinyNet64", TinyNet64)
-pytestmark = pytest.mark.slow  # one pair of spawned processes, 8 short runs (about 35 s of CPU)
+# one pair of spawned processes, 8 short runs (about 35 s of CPU), built once per worker: one
+# xdist group keeps the module on one worker under `--dist loadgroup` (make test)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed_runs")]
 
 BASE = {
     "models": {"trunk": {"TinyNet64": {"embedding_dim": 16}}},

@@ -26,6 +26,10 @@ from pml_rank_plugins.running.checkpoints import load_models
 from pml_rank_plugins.running.load import _eval_transforms_everywhere
 from tests.tiny import tiny_config
 
+# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadgroup`
+# (make test) they run on one worker, so the fixture is built once
+pytestmark = pytest.mark.xdist_group("load_run_dir")
+
 
 def tiny_run_config() -> dict:
     return tiny_config(trainer={"MetricLossOnly": {"num_epochs": 1, "iterations_per_epoch": 2}})

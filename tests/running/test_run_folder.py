@@ -18,6 +18,10 @@ from pml_rank_plugins.running.checkpoints import CheckpointError
 from pml_rank_plugins.running.run_folder import RunFolderBusy, RunFolderError, UnsafeRunFolder
 from tests.tiny import tiny_config
 
+# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadgroup`
+# (make test) they run on one worker, so the fixture is built once
+pytestmark = pytest.mark.xdist_group("run_folder_partial")
+
 
 def one_epoch():
     return tiny_config(trainer={"MetricLossOnly": {"num_epochs": 1}})
