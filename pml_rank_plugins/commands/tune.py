@@ -72,8 +72,11 @@ class Tune(Command):
             data_root=root,
         )
         print((Path(args.out) / "tune.md").read_text(), end="")
-        failed = sum(s["states"].get("fail", 0) for s in summary["methods"].values())
-        print(f"outputs in {args.out}; {failed} failed trial(s)")
+        stopped = sum(s.get("n_interrupted", 0) for s in summary["methods"].values())
+        failed = sum(s["states"].get("fail", 0) for s in summary["methods"].values()) - stopped
+        print(
+            f"outputs in {args.out}; {failed} failed trial(s), {stopped} interrupted (not counted)"
+        )
         empty = [m for m, s in summary["methods"].items() if s["best_params"] is None]
         if empty:
             print(f"pml-rank: no complete trial for {empty}; see tune.md", file=sys.stderr)

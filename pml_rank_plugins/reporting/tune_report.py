@@ -87,17 +87,21 @@ def markdown(summary: Mapping, primary: str) -> str:
         f"Storage: `{summary['storage']}`.",
         "",
         "| method | best value (%) | best trial | trials | complete | pruned | failed | "
-        "wall (s) | best parameters |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "interrupted | wall (s) | best parameters |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for method, s in summary["methods"].items():
         st = s["states"]
+        # interrupted trials (killed; no outcome, not counted in "trials") are FAIL in the study:
+        # shown apart from the trials that failed (running.study.is_interrupted)
+        stopped = s.get("n_interrupted", 0)
         best = "-" if s["best_value"] is None else f"{100 * s['best_value']:.2f}"
         params = ", ".join(f"`{k}`={_short(v)}" for k, v in (s["best_params"] or {}).items())
         lines.append(
             f"| {method} | {best} | {s['best_trial'] if s['best_trial'] is not None else '-'} | "
             f"{s['n_trials']} | {st.get('complete', 0)} | {st.get('pruned', 0)} | "
-            f"{st.get('fail', 0)} | {s['wall_seconds']:.1f} | {params or '-'} |"
+            f"{st.get('fail', 0) - stopped} | {stopped} | {s['wall_seconds']:.1f} | "
+            f"{params or '-'} |"
         )
     lines += [
         "",

@@ -25,7 +25,7 @@ def test_tune_then_compare_tuned_uses_the_best_parameters_on_fresh_seeds(tmp_pat
     path = write(tmp_path / "c.yaml", cfg)
     assert main(["tune", path, "--out", str(tmp_path / "t"), "--trials", "2"]) == 0
     out = capsys.readouterr().out
-    assert "| plugin FastAP |" in out and "0 failed trial(s)" in out
+    assert "| plugin FastAP |" in out and "0 failed trial(s), 0 interrupted (not counted)" in out
     tuned = json.loads((tmp_path / "t" / "tune.json").read_text())
     best = tuned["methods"]["plugin FastAP"]["best_params"]
     assert tuned["methods"]["plugin FastAP"]["n_trials"] == 2
@@ -78,7 +78,11 @@ def test_markdown_counts_every_state():
         },
     }
     row = next(line for line in markdown(summary, "precision_at_1").splitlines() if "| m |" in line)
-    assert row == "| m | 50.00 | 2 | 4 | 2 | 1 | 1 | 3.0 | `a.b`=0.001 |"
+    assert row == "| m | 50.00 | 2 | 4 | 2 | 1 | 1 | 0 | 3.0 | `a.b`=0.001 |"
+    # an interrupted trial is FAIL in the study but shown apart, outside "trials"
+    summary["methods"]["m"].update(n_interrupted=1, states={"complete": 2, "pruned": 1, "fail": 2})
+    row = next(line for line in markdown(summary, "precision_at_1").splitlines() if "| m |" in line)
+    assert row == "| m | 50.00 | 2 | 4 | 2 | 1 | 1 | 1 | 3.0 | `a.b`=0.001 |"
 
 
 def test_history_carries_the_best_over_pruned_and_failed_trials():
