@@ -236,7 +236,7 @@ def study_summary(study: optuna.Study, wall_seconds: float, config: Mapping) -> 
         "best_params": dict(best.params) if best else None,
         "best_value": best.value if best else None,
         "best_trial": best.number if best else None,
-        "n_trials": sum(not is_interrupted(t) for t in trials),
+        "n_trials": counted_trials(study),
         "n_interrupted": sum(is_interrupted(t) for t in trials),
         "states": states,
         "wall_seconds": wall_seconds,

@@ -27,9 +27,9 @@ storage, so a trial folder is never reused. Asking for a trial holds a lock (a f
 RUNNING by a killed process on this machine is marked FAIL (its run folder's lock is free) and
 does not count toward ``trials``; when its folder holds a checkpoint, a new trial with the same
 parameters continues that folder where it stopped (:mod:`.trial_resume`: nothing trained twice,
-nothing lost), and new trials are added until the study holds ``trials`` that count. A trial counts as interrupted only when the
-process that asked for it (``pid`` attribute, this machine) is gone; its run folder is then marked
-FAIL. A failing trial (exception, non-finite loss) is recorded FAIL in the study and in its
+nothing lost), and new trials are added until the study holds ``trials`` that count. A trial
+counts as interrupted only when the process that asked for it (``pid`` attribute, this machine)
+is gone; its run folder is then marked FAIL. A failing trial (exception, non-finite loss) is recorded FAIL in the study and in its
 folder, and the study goes on. Workers die with the ``tune`` process (:mod:`.parent`), and no more
 workers start than trials are left.
 """
@@ -184,10 +184,12 @@ def _row_value(config: Mapping, row: dict) -> float | None:
     return None if value is None else float(value)
 
 
-def _ask(job: TuneJob, study: optuna.Study) -> tuple[optuna.Trial, Path] | None:
-    """Under the ask lock: a new trial with its absolute run folder and owner recorded, or None
-    when the study holds ``job.trials`` trials that count (interrupted ones do not:
-    :func:`~.study.counted_trials`)."""
+def _ask(
+    job: TuneJob, study: optuna.Study
+) -> tuple[optuna.Trial, Path, optuna.trial.FrozenTrial | None] | None:
+    """Under the ask lock: a new trial with its absolute run folder and owner recorded, and the
+    interrupted trial it continues (None for a fresh one); None when the study holds
+    ``job.trials`` trials that count (interrupted ones do not: :func:`~.study.counted_trials`)."""
     with ask_lock(job):
         if counted_trials(study) >= job.trials:
             return None
@@ -202,7 +204,7 @@ def _ask(job: TuneJob, study: optuna.Study) -> tuple[optuna.Trial, Path] | None:
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("pid", os.getpid())
-        return trial, run_dir
+        return trial, run_dir, interrupted
 
 
 def run_trials(job: TuneJob, worker: int = 0) -> int:
@@ -217,9 +219,9 @@ def run_trials(job: TuneJob, worker: int = 0) -> int:
         asked = _ask(job, study)
         if asked is None:
             return ran
-        trial, run_dir = asked
+        trial, run_dir, interrupted = asked
         try:
-            exhausted = _run_one(job, study, trial, space, run_dir)
+            exhausted = _run_one(job, study, trial, space, run_dir, interrupted)
         except optuna.exceptions.UpdateFinishedTrialError as e:
             LOGGER.error(
                 "[%s] trial %d was finished by another command (%s); this worker stops",
@@ -235,11 +237,16 @@ def run_trials(job: TuneJob, worker: int = 0) -> int:
 
 
 def _run_one(
-    job: TuneJob, study: optuna.Study, trial: optuna.Trial, space: Mapping, run_dir: Path
+    job: TuneJob,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    space: Mapping,
+    run_dir: Path,
+    interrupted: optuna.trial.FrozenTrial | None = None,
 ) -> bool:
-    """Train and tell one trial; True when the sampler's space is exhausted."""
+    """Train and tell one trial (``interrupted``: the trial it continues, from :func:`_ask`);
+    True when the sampler's space is exhausted."""
     params = {p.path: suggest(trial, p) for p in space.values()}
-    interrupted = continued_trial(study, trial)
     if interrupted is not None:  # the interrupted run's own config (its name), then its curve
         replay_reports(trial, interrupted)
     config = trial_config(job, params, trial.number if interrupted is None else interrupted.number)
