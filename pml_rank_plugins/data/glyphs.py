@@ -23,10 +23,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
 
-import matplotlib
 import numpy as np
 import PIL
-from matplotlib.ft2font import FT2Font
 from PIL import Image, ImageDraw, ImageFont
 
 from .images import InMemoryImageDataset
@@ -89,11 +87,17 @@ def default_cache_dir() -> Path:
 
 
 def font_dir() -> Path:
+    """The TrueType fonts matplotlib ships. matplotlib is imported in the functions that render or
+    key glyphs: ``data`` is imported by every run, most of which draw no glyph."""
+    import matplotlib
+
     return Path(matplotlib.get_data_path()) / "fonts" / "ttf"
 
 
 @lru_cache(maxsize=None)
 def _charmap(face: str) -> frozenset[int]:
+    from matplotlib.ft2font import FT2Font
+
     return frozenset(FT2Font(str(font_dir() / face)).get_charmap())
 
 
@@ -425,6 +429,8 @@ def _content_problem(data: dict[str, np.ndarray], params: dict) -> str | None:
 
 
 def _cache_key(params: dict) -> str:
+    import matplotlib
+
     key = dict(
         params,
         version=GLYPH_CACHE_VERSION,

@@ -114,10 +114,7 @@ def _namespace(
     modules: tuple[str, ...], own_prefix: tuple[str, ...] | None = None
 ) -> dict[str, Callable]:
     table: dict[str, Callable] = {}
-    for m in modules:
-        mod = _import(m)
-        if mod is None:
-            continue
+    for mod in filter(None, map(_import, modules)):  # the importable ones
         for n, obj in _public_callables(mod, own_prefix).items():
             table.setdefault(n, obj)
     return table
@@ -300,12 +297,25 @@ def resolve(name: str, where: str = "") -> Callable:
         if not hasattr(mod, attr) or attr.startswith("_"):
             raise _unknown(name, sorted(_public_callables(mod)), f"not in {module_name}", loc)
         return check_object(name, getattr(mod, attr), loc)
+    if (found := _bare(name)) is not None:
+        return found
+    raise _unknown(name, sorted(all_names()), "not registered, not in PML, plugin or torch", loc)
+
+
+def _bare(name: str) -> Callable | None:
+    """What the bare ``name`` resolves to (rule 2 above), or None. The torch modules are searched
+    one at a time, first hit wins as in :func:`torch_names`, so torchvision (last; its import takes
+    seconds) is imported only for a name that PML, the plugin and torch lack."""
     if name in _USER:
         return _USER[name]
-    for table in (pml_names(), plugin_names(), torch_names()):
+    for table in (pml_names(), plugin_names()):
         if name in table:
             return table[name]
-    raise _unknown(name, sorted(all_names()), "not registered, not in PML, plugin or torch", loc)
+    for module in TORCH_MODULES:
+        table = _namespace((module,), TORCH_MODULES)
+        if name in table:
+            return table[name]
+    return None
 
 
 def plugin_twin(obj: Any) -> str | None:
@@ -330,9 +340,7 @@ def qualified_name(obj: Any) -> str:
 
 def signature_text(obj: Callable) -> str:
     """``Name(arg=default, ...)`` including keywords accepted by base classes via ``**kwargs``."""
-    params = []
-    for p in _init_params(obj):
-        params.append(str(p))
+    params = [str(p) for p in _init_params(obj)]
     return f"{getattr(obj, '__name__', obj)}({', '.join(params)})"
 
 

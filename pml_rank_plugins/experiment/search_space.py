@@ -30,8 +30,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import optuna
-
 from . import registry
 from .schema import ConfigError, apply_set, is_object_spec
 
@@ -250,7 +248,10 @@ def optuna_object(spec: Any, module: Any, where: str) -> Any:
 def check_tune_config(config: Mapping, method: str, require: bool = True) -> dict[str, Param]:
     """Everything ``tune`` needs from one method's config, checked: the space (key paths that
     exist; non-empty with ``require``), the trial count, the sampler and the pruner. Returns the
-    space."""
+    space. Optuna is imported here and in ``dry_run``, not at module level: every run imports
+    this module, few tune."""
+    import optuna
+
     space = method_space(config, method, require)
     section = tune_section(config, f"method {method!r}: tune")
     where = f"method {method!r}: tune"
@@ -264,6 +265,8 @@ def check_tune_config(config: Mapping, method: str, require: bool = True) -> dic
 def dry_run(sampler: Any, pruner: Any, space: Mapping[str, Param], where: str) -> None:
     """Ask and prune two trials of an in-memory study with this sampler and pruner, so a value
     the constructor accepts but sampling cannot use is found before any trial trains."""
+    import optuna
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

@@ -14,8 +14,8 @@ Config shape (powerful-benchmarker's)::
         - ToTensor: {}
         - Normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}
 
-Each list becomes a :class:`NamedCompose` (a ``torchvision.transforms.Compose`` that remembers its
-config key). A list item is any ``{ClassName: kwargs}`` the registry resolves. Without
+Each list becomes a :class:`NamedCompose` (applies its steps in order like
+``torchvision.transforms.Compose`` and remembers its config key). A list item is any ``{ClassName: kwargs}`` the registry resolves. Without
 ``transforms`` a dataset keeps its built-in conversion (grayscale GlyphDataset / Omniglot).
 
 Images of unequal sizes cannot be stacked into a batch; :class:`ShapeCheckedCollate` turns
@@ -28,7 +28,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import torchvision
 from torch.utils.data import default_collate
 
 from .instantiate import build_object
@@ -37,12 +36,27 @@ from .schema import ConfigError
 SPLIT_KINDS = ("train", "eval")
 
 
-class NamedCompose(torchvision.transforms.Compose):
-    """``Compose`` that carries ``key`` (its config path) for error messages."""
+class NamedCompose:
+    """Apply ``transforms`` in order (``torchvision.transforms.Compose``'s contract: the
+    ``transforms`` list, call, ``repr``) and carry ``key`` (its config path) for error messages.
+
+    Not a subclass of torchvision's ``Compose``: that would import torchvision (seconds, through
+    ``torchvision.ops`` and ``torch._dynamo``) in every process that imports the runner, also for
+    the runs that use no transform. Picklable (dataloader workers); a call is O(len(transforms)).
+    """
 
     def __init__(self, transforms: list[Callable], key: str):
-        super().__init__(transforms)
+        self.transforms = transforms
         self.key = key
+
+    def __call__(self, img: Any) -> Any:
+        for transform in self.transforms:
+            img = transform(img)
+        return img
+
+    def __repr__(self) -> str:
+        steps = "".join(f"\n    {t}" for t in self.transforms)
+        return f"{type(self).__name__}({steps}\n)"
 
 
 def build_transforms(config: dict) -> dict[str, NamedCompose] | None:

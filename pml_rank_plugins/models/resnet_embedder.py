@@ -5,12 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torchvision
 from torch import nn
 
 from .embedder import EmbeddingHead, TrunkEmbedder
 
-_RESNETS = {18: torchvision.models.resnet18, 50: torchvision.models.resnet50}
+_RESNETS = {18: "resnet18", 50: "resnet50"}  # depth -> torchvision.models factory
+
+
+def _resnet(depth: int) -> nn.Module:
+    """torchvision's ResNet-``depth`` with random weights. torchvision is imported here, not at
+    module level: its import (seconds, through ``torchvision.ops`` and ``torch._dynamo``) is paid
+    only by a process that builds a ResNet, not by every process that imports the models."""
+    import torchvision
+
+    return getattr(torchvision.models, _RESNETS[depth])(weights=None)
 
 
 class _ResNetTrunk(nn.Module):
@@ -19,7 +27,7 @@ class _ResNetTrunk(nn.Module):
 
     def __init__(self, depth: int, in_channels: int = 3):
         super().__init__()
-        self.net = _RESNETS[depth](weights=None)
+        self.net = _resnet(depth)
         self.in_channels = in_channels
         if in_channels != 3:
             self.net.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
