@@ -6,7 +6,10 @@ one ``--out``. Each test checks the exit status, the one-line message and that n
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import re
 import subprocess
@@ -18,6 +21,8 @@ import pytest
 from pml_rank_plugins.cli import main
 from pml_rank_plugins.experiment.schema import dump_yaml
 from pml_rank_plugins.reporting.summary import summarize_dir
+from tests.gc_free import gc_collect_skipped
+from tests.lock_holder import hold_lock
 from tests.tiny import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,35 +124,55 @@ def test_symlinked_run_folder_refused(tmp_path, monkeypatch, capsys):
 # --------------------------------------------------------------------------- item 5
 
 
-def hold_lock(run_dir: Path) -> subprocess.Popen:
-    """Another live run: a process holding ``run_dir``'s lock (with a file of its own there)."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import pathlib, time; from pml_rank_plugins.running import run_folder\n"
-         f"with run_folder.lock({str(run_dir)!r}) as d:\n"
-         "    (d / 'config.yaml').write_text('live: 1\\n')\n"
-         "    print('locked', flush=True); time.sleep(120)"],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
-    )  # fmt: skip
-    assert holder.stdout.readline().strip() == "locked"
-    return holder
-
-
-@pytest.mark.slow
-def test_busy_folder_compare_writes_nothing(tmp_path, capsys):
-    """A compare whose run folder another live process holds: that run is refused (no
-    ``failed.json`` in the other process's folder, nothing changed there), the others finish."""
-    out = tmp_path / "out"
-    dump_yaml(methods_config("A", "B"), tmp_path / "C.yaml")
+@pytest.fixture(scope="module")
+def busy_compare(tmp_path_factory) -> dict:
+    """One ``compare --resume --no-pictures`` of methods A and B while another live process (a
+    :func:`tests.lock_holder.hold_lock`) holds ``A/seed0``: its exit status, stderr, ``--out`` and
+    the tree of ``A/seed0`` before and after. Shared by the two tests below, which only read it
+    (one xdist group: built once under ``--dist loadgroup``)."""
+    base = tmp_path_factory.mktemp("busy")
+    out = base / "out"
+    dump_yaml(methods_config("A", "B"), base / "C.yaml")
     holder = hold_lock(out / "A" / "seed0")
     try:
         before = tree(out / "A" / "seed0")
-        main(["compare", str(tmp_path / "C.yaml"), "--out", str(out), "--resume"])
-        assert tree(out / "A" / "seed0") == before
+        with gc_collect_skipped():  # statsmodels' Holm: a gc.collect() per call (tests/gc_free.py)
+            rc, err = _main_stderr(
+                ["compare", str(base / "C.yaml"), "--out", str(out), "--resume", "--no-pictures"]
+            )
+        after = tree(out / "A" / "seed0")
     finally:
         holder.kill()
         holder.wait()
-    err = capsys.readouterr().err
+    return {"out": out, "rc": rc, "err": err, "before": before, "after": after}
+
+
+def _main_stderr(args: list[str]) -> tuple[int, str]:
+    """``main(args)`` and what it wrote to stderr: its prints and its log lines (a module-scoped
+    fixture has no ``capsys``; the log lines are taken with a root handler in the CLI's format)."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        with contextlib.redirect_stderr(stream):
+            rc = main(args)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    return rc, stream.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("audit3_busy_compare")
+def test_busy_folder_compare_writes_nothing(busy_compare):
+    """A compare whose run folder another live process holds: that run is refused (no
+    ``failed.json`` in the other process's folder, nothing changed there), the others finish."""
+    out, err = busy_compare["out"], busy_compare["err"]
+    assert busy_compare["after"] == busy_compare["before"]
     assert f"run A/seed0 refused: {out / 'A' / 'seed0'} is in use by another run" in err
     assert "run A/seed0 failed" not in err
     assert json.loads((out / "B" / "seed0" / "metrics.json").read_text())["status"] == "finished"
@@ -155,17 +180,10 @@ def test_busy_folder_compare_writes_nothing(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_busy_folder_compare_reports_refused(tmp_path, capsys):
-    out = tmp_path / "out"
-    dump_yaml(methods_config("A", "B"), tmp_path / "C.yaml")
-    holder = hold_lock(out / "A" / "seed0")
-    try:
-        rc = main(["compare", str(tmp_path / "C.yaml"), "--out", str(out), "--resume"])
-    finally:
-        holder.kill()
-        holder.wait()
-    err = capsys.readouterr().err
-    assert rc == 1 and "1 run(s) refused" in err and "run(s) failed" not in err
+@pytest.mark.xdist_group("audit3_busy_compare")
+def test_busy_folder_compare_reports_refused(busy_compare):
+    out, err = busy_compare["out"], busy_compare["err"]
+    assert busy_compare["rc"] == 1 and "1 run(s) refused" in err and "run(s) failed" not in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failed"] == [] and [r["run_id"] for r in summary["refused"]] == ["seed0"]
 
@@ -180,6 +198,7 @@ def test_busy_folder_two_compares_jobs_2_on_one_out(tmp_path):
     dump_yaml(cfg, tmp_path / "C.yaml")
     out = tmp_path / "out"
     args = ["compare", str(tmp_path / "C.yaml"), "--jobs", "2", "--seeds", "2", "--out", str(out)]
+    args += ["--no-pictures"]  # drawn after the runs by each parent: not what this test checks
     code = f"import sys, tests.tiny; from pml_rank_plugins.cli import main; sys.exit(main({args}))"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
     procs = [

@@ -13,7 +13,11 @@ import pytest
 from pml_rank_plugins.cli import main
 from pml_rank_plugins.cli_args import build_parser as _parser
 from pml_rank_plugins.experiment.schema import dump_yaml
+from tests.gc_free import no_gc_collect  # noqa: F401 -- the fixture, used below
 from tests.tiny import tiny_config
+
+# statsmodels' Holm adjustment runs a full gc.collect() per call: skipped (tests/gc_free.py)
+pytestmark = pytest.mark.usefixtures("no_gc_collect")
 
 
 @pytest.fixture
@@ -47,6 +51,7 @@ def test_compare_writes_table_csv_plots_and_runs(tmp_path, config_file, capsys):
             "PML Contrastive,PML Triplet + miner",
             "--set",
             "trainer.iterations_per_epoch=2",
+            "--no-pictures",  # the retrieval pictures: tests/reporting/test_retrieval.py
         ]
     )
     assert rc == 0
@@ -76,7 +81,7 @@ def test_compare_writes_table_csv_plots_and_runs(tmp_path, config_file, capsys):
     # --resume reuses finished runs: same table.
     main(["compare", str(config_file), "--seeds", "2", "--out", str(out), "--resume",
           "--methods", "PML Contrastive,PML Triplet + miner",
-          "--set", "trainer.iterations_per_epoch=2"])  # fmt: skip
+          "--set", "trainer.iterations_per_epoch=2", "--no-pictures"])  # fmt: skip
     again = json.loads((out / "summary.json").read_text())
     assert again["rows"]["PML Contrastive"]["mean_average_precision_at_r"] == (
         summary["rows"]["PML Contrastive"]["mean_average_precision_at_r"]
@@ -85,7 +90,14 @@ def test_compare_writes_table_csv_plots_and_runs(tmp_path, config_file, capsys):
 
 def test_train_resume_and_eval(tmp_path, config_file, capsys):
     run = tmp_path / "one"
-    args = ["train", str(config_file), "--method", "PML MultiSimilarity", "--out", str(run)]
+    args = [
+        "train",
+        str(config_file),
+        "--method",
+        "PML MultiSimilarity",
+        "--out",
+        str(run),
+    ]
     assert main(args + ["--set", "trainer.num_epochs=1"]) == 0
     assert json.loads((run / "metrics.json").read_text())["epochs_run"] == 1
     capsys.readouterr()
@@ -104,7 +116,12 @@ def test_list_shows_resolution(capsys):
 def test_config_mistakes_exit_2_with_a_clear_message(tmp_path, config_file, capsys):
     assert main(["compare", str(config_file), "--methods", "Nope", "--out", str(tmp_path)]) == 2
     assert "unknown ['Nope']" in capsys.readouterr().err
-    args = ["train", str(config_file), "--set", "loss_funcs.metric_loss={ContrastivLoss: {}}"]
+    args = [
+        "train",
+        str(config_file),
+        "--set",
+        "loss_funcs.metric_loss={ContrastivLoss: {}}",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "config error: unknown name 'ContrastivLoss'" in err and "ContrastiveLoss" in err
@@ -116,8 +133,15 @@ def test_config_mistakes_exit_2_with_a_clear_message(tmp_path, config_file, caps
     broken.write_text(text)
     assert main(["compare", str(broken), "--out", str(tmp_path / "all")]) == 2
     assert "NotInstalledLoss" in capsys.readouterr().err
-    args = ["compare", str(broken), "--out", str(tmp_path / "sub"), "--methods", "PML Contrastive"]
-    assert main(args + ["--set", "trainer.num_epochs=1"]) == 0
+    args = [
+        "compare",
+        str(broken),
+        "--out",
+        str(tmp_path / "sub"),
+        "--methods",
+        "PML Contrastive",
+    ]
+    assert main(args + ["--set", "trainer.num_epochs=1", "--no-pictures"]) == 0
 
 
 def test_list_shows_the_plugins_classes_with_the_name_to_use(capsys):
@@ -131,7 +155,10 @@ def test_list_shows_the_plugins_classes_with_the_name_to_use(capsys):
 
 def _cli(*args, **kwargs):
     return subprocess.run(
-        [sys.executable, "-m", "pml_rank_plugins", *args], capture_output=True, text=True, **kwargs
+        [sys.executable, "-m", "pml_rank_plugins", *args],
+        capture_output=True,
+        text=True,
+        **kwargs,
     )
 
 
