@@ -64,6 +64,7 @@ EVAL_KEYS = {
     "test_interval",
     "patience",
     "revisited",
+    "pictures",
 }
 _CLASSLIKE = re.compile(r"^(plugin:|pml:)?[A-Za-z_][\w.]*$")
 

@@ -48,6 +48,9 @@ EVAL_DEFAULTS: dict[str, Any] = {
     "validation": ["val"],
     "test": [],
 }
+# eval.pictures: what ``compare``/``sweep`` draw per method (kept out of EVAL_DEFAULTS, so the
+# ``section`` that runs record is the same with or without it)
+PICTURE_DEFAULTS: dict[str, Any] = {"num_queries": 8, "k": 5, "pdf": True}
 
 
 def plain(value: Any) -> Any:
@@ -63,6 +66,28 @@ def plain(value: Any) -> Any:
 def split_name(entry: Any) -> str:
     """The query split of a split entry (a name or ``{query: q, reference: [...]}``)."""
     return entry if isinstance(entry, str) else entry["query"]
+
+
+@dataclass(frozen=True)
+class PictureSettings:
+    """``eval.pictures``: the retrieval pictures ``compare`` and ``sweep`` draw per method.
+
+    ``num_queries`` rows of ``k + 1`` tiles in each of the two figures (``retrieval``,
+    ``worst_queries``), and their PDF copies when ``pdf``; defaults :data:`PICTURE_DEFAULTS`.
+    The cost is O(num_queries x (k + 1)) tiles per figure (about 2 s per method at the defaults
+    on a loaded 2-core machine, a third of it the PDF). Evaluation only: nothing trained depends
+    on it.
+    """
+
+    num_queries: int = PICTURE_DEFAULTS["num_queries"]
+    k: int = PICTURE_DEFAULTS["k"]
+    pdf: bool = PICTURE_DEFAULTS["pdf"]
+
+    @classmethod
+    def parse(cls, ev: Mapping) -> PictureSettings:
+        """The settings of an ``eval`` section (checked by
+        :func:`~pml_rank_plugins.experiment.validate`)."""
+        return cls(**{**PICTURE_DEFAULTS, **dict(ev.get("pictures") or {})})
 
 
 @dataclass(frozen=True)
@@ -85,6 +110,7 @@ class EvalSettings:
     test: tuple
     tester: Any
     section: dict = field(repr=False)
+    pictures: PictureSettings = field(default_factory=PictureSettings)
 
     @classmethod
     def parse(cls, config: Mapping) -> EvalSettings:
@@ -104,6 +130,7 @@ class EvalSettings:
             test=tuple(ev["test"] or ()),
             tester=ev.get("tester"),
             section=ev,
+            pictures=PictureSettings.parse(ev),
         )
 
     def entries(self, kinds: Sequence[str], available: Mapping | None = None) -> list:
@@ -314,6 +341,7 @@ __all__ = [
     "DEFAULT_PRIMARY",
     "ConfigError",
     "EvalSettings",
+    "PictureSettings",
     "Protocol",
     "RunSpec",
     "TrainerSpec",

@@ -51,6 +51,7 @@ EVALUATION_ONLY = (
     "eval.revisited",
     "eval.metrics",
     "eval.recall_at_k",
+    "eval.pictures",
     "compare",  # how the tables are tested (compare.equivalence_margin), not what is trained
 )
 

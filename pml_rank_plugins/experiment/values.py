@@ -4,7 +4,8 @@
 key, every value a run would otherwise fail on after training started or silently misread: integer
 sizes and counts go through the one integer validator
 (:func:`pml_rank_plugins.functional.validation.check_int`: floats, bools, strings and out-of-range
-values refused); ``eval.test_interval >= 1``, ``eval.patience`` null or ``>= 0``; a known
+values refused); ``eval.test_interval >= 1``, ``eval.patience`` null or ``>= 0``; ``eval.pictures`` (known keys,
+``num_queries`` and ``k`` in 1..:data:`MAX_PICTURE_ROWS`, ``pdf`` a boolean); a known
 ``device``; finite optimizer and scheduler numbers. :func:`check_trainer` is also applied by the
 builder to the trainer keywords it passes to PML (``dataloader_num_workers`` included), and
 :func:`check_eval_splits` where the splits are known.
@@ -27,6 +28,8 @@ MAX_WORKERS = 1024
 MAX_SEED = 2**32 - 1  # numpy's global seed range
 DEVICE = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
 EVAL_ENTRY_KEYS = {"query", "reference"}
+PICTURE_KEYS = {"num_queries", "k", "pdf"}
+MAX_PICTURE_ROWS = 64  # a grid of 64 x 65 tiles is already over 90 inches tall
 
 
 def integer(value: Any, key: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -165,6 +168,27 @@ def _check_eval(ev: dict) -> None:
         raise ConfigError(
             f"eval.primary_metric: expected a metric name, got {ev['primary_metric']!r}"
         )
+    _check_pictures(ev.get("pictures"))
+
+
+def _check_pictures(pictures: Any) -> None:
+    if pictures is None:
+        return
+    if not isinstance(pictures, dict):
+        raise ConfigError(
+            f"eval.pictures: expected a mapping like {{num_queries: 8, k: 5, pdf: true}}, "
+            f"got {pictures!r}"
+        )
+    bad = set(pictures) - PICTURE_KEYS
+    if bad:
+        raise ConfigError(
+            f"eval.pictures: unknown key(s) {sorted(map(str, bad))}; allowed: {sorted(PICTURE_KEYS)}"
+        )
+    for key in ("num_queries", "k"):
+        if key in pictures:
+            integer(pictures[key], f"eval.pictures.{key}", 1, MAX_PICTURE_ROWS)
+    if "pdf" in pictures and not isinstance(pictures["pdf"], bool):
+        raise ConfigError(f"eval.pictures.pdf: expected true or false, got {pictures['pdf']!r}")
 
 
 def check_values(config: dict, tester: tuple[str, dict] | None, trainer: tuple[str, dict]) -> None:

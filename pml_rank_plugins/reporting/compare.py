@@ -122,9 +122,13 @@ def write_pictures(
     jobs: Sequence[Job],
     device: str | None,
     only_missing: bool = False,
-    pdf: bool = True,
+    pdf: bool | None = None,
 ) -> dict:
     """Retrieval pictures for the first successful run of each name, into ``<name>/``.
+
+    What is drawn comes from each run's ``eval.pictures``
+    (:class:`~pml_rank_plugins.experiment.spec.PictureSettings`: queries per figure, ``k``, PDF
+    copies); ``pdf`` overrides the config's PDF setting when given.
 
     Shows a ``pictures`` progress bar (one step per method, like the runs' bar) and logs one
     line per method with what it wrote and how long it took. Each method costs one embedding
@@ -156,9 +160,11 @@ def write_pictures(
     with logging_redirect_tqdm():
         for name, job in tqdm.tqdm(todo, **bar):
             t0 = time.perf_counter()
+            settings = job.config.eval.pictures
+            with_pdf = settings.pdf if pdf is None else pdf
             try:
                 missing = (
-                    retrieval.missing_pictures(job.run_dir, job.run_dir.parent, pdf)
+                    retrieval.missing_pictures(job.run_dir, job.run_dir.parent, with_pdf)
                     if only_missing
                     else None
                 )
@@ -166,7 +172,9 @@ def write_pictures(
                     job.run_dir,
                     job.run_dir.parent,
                     device,
-                    pdf=pdf,
+                    num_queries=settings.num_queries,
+                    k=settings.k,
+                    pdf=with_pdf,
                     only_missing=only_missing,
                     spec=job.config,
                 )
