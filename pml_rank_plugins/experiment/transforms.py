@@ -15,8 +15,9 @@ Config shape (powerful-benchmarker's)::
         - Normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}
 
 Each list becomes a :class:`NamedCompose` (applies its steps in order like
-``torchvision.transforms.Compose`` and remembers its config key). A list item is any ``{ClassName: kwargs}`` the registry resolves. Without
-``transforms`` a dataset keeps its built-in conversion (grayscale GlyphDataset / Omniglot).
+``torchvision.transforms.Compose`` and remembers its config key). A list item is any
+``{ClassName: kwargs}`` the registry resolves. Without ``transforms`` a dataset keeps its built-in
+conversion (grayscale GlyphDataset / Omniglot).
 
 Images of unequal sizes cannot be stacked into a batch; :class:`ShapeCheckedCollate` turns
 PyTorch's ``stack expects each tensor to be equal size`` into an error naming the key
