@@ -23,11 +23,13 @@ from pml_rank_plugins.experiment import registry
 from pml_rank_plugins.experiment.schema import dump_yaml
 from pml_rank_plugins.reporting import compare
 from pml_rank_plugins.running import RunFolderError, runner
+from tests.gc_free import gc_collect_skipped, no_gc_collect  # noqa: F401 -- fixture
 from tests.tiny import tiny_config
 
 # the tests of this module share one module-scoped fixture: under `-n 2 --dist loadgroup`
 # (make test) they run on one worker, so the fixture is built once
-pytestmark = pytest.mark.xdist_group("compare_finished")
+# statsmodels' Holm adjustment runs a full gc.collect() per call: skipped (tests/gc_free.py)
+pytestmark = [pytest.mark.xdist_group("compare_finished"), pytest.mark.usefixtures("no_gc_collect")]
 
 
 class CrashingLoss(ContrastiveLoss):
@@ -76,13 +78,20 @@ def config_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> tuple[Path, dict]:
-    """``compare`` of :func:`two_methods` with 2 seeds, ``--reference MultiSimilarity``, pictures
-    drawn: its folder and summary, trained once for the module (read it, or copy it first)."""
+    """``compare`` of :func:`two_methods` with 2 seeds, ``--reference MultiSimilarity``, no
+    retrieval pictures (no test here reads them; tests/reporting/test_retrieval.py draws them):
+    its folder and summary, trained once for the module (read it, or copy it first)."""
     base = tmp_path_factory.mktemp("finished")
     dump_yaml(two_methods(), base / "two.yaml")
-    summary = compare.run_comparison(
-        base / "two.yaml", base / "cmp", seeds=2, overrides=FAST[1::2], reference="MultiSimilarity"
-    )
+    with gc_collect_skipped():
+        summary = compare.run_comparison(
+            base / "two.yaml",
+            base / "cmp",
+            seeds=2,
+            overrides=FAST[1::2],
+            reference="MultiSimilarity",
+            pictures=False,
+        )
     return base / "cmp", summary
 
 
@@ -97,7 +106,8 @@ def test_failed_run_is_reported_and_the_others_complete(tmp_path, capsys):
     path = tmp_path / "crash.yaml"
     dump_yaml(two_methods(Crashing={"loss_funcs": {"metric_loss": {"CrashingLoss": {}}}}), path)
     out = tmp_path / "cmp"
-    rc = main(["compare", str(path), "--seeds", "2", "--out", str(out)] + FAST)
+    # --no-pictures: the retrieval pictures are drawn after the runs and are not checked here
+    rc = main(["compare", str(path), "--seeds", "2", "--out", str(out), "--no-pictures"] + FAST)
     assert rc == 1  # non-zero at the end, after every other run finished
     captured = capsys.readouterr()
     assert "2 run(s) failed" in captured.err
@@ -120,7 +130,8 @@ def test_failed_run_is_reported_and_the_others_complete(tmp_path, capsys):
     assert rows["Crashing"]["n_failed"] == "2" and "boom" in rows["Crashing"]["errors"]
     # --resume retries only the failed runs (here: they fail again) and keeps the finished ones.
     finished = (out / "Contrastive" / "seed0" / "metrics.json").stat().st_mtime_ns
-    assert main(["compare", str(path), "--seeds", "2", "--out", str(out), "--resume"] + FAST) == 1
+    again = ["compare", str(path), "--seeds", "2", "--out", str(out), "--resume", "--no-pictures"]
+    assert main(again + FAST) == 1
     assert (out / "Contrastive" / "seed0" / "metrics.json").stat().st_mtime_ns == finished
 
 
