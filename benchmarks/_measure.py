@@ -367,6 +367,15 @@ def measure_in_child(
     return {"time": timing["time"], "peak": memory["peak"]}
 
 
+def collect_garbage() -> None:
+    """``gc.collect()``, then ``gc.freeze()``: what survives (the imported modules, about 200,000
+    objects after torch and PML) is left out of later collections, so the collection between
+    two in-process cases scans only what the last case made (0.1 s of CPU less per case; a
+    case's garbage is always younger than the last freeze, so it is still collected)."""
+    gc.collect()
+    gc.freeze()
+
+
 def measure_in_process(run_case: Callable[..., dict], case: str, numbers: Sequence[int]) -> dict:
     """``run_case(case, *numbers)`` in this process: ``{"time", "peak"}``, the peak ``None`` unless
     it is a CUDA peak (an RSS peak is the process's, not the case's), or ``{"time": None, "peak":
@@ -378,7 +387,7 @@ def measure_in_process(run_case: Callable[..., dict], case: str, numbers: Sequen
         error = "out of memory"
     except Exception as e:  # noqa: BLE001 -- recorded in the table/JSON, the next case runs
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    gc.collect()  # the failed case's tensors (held by the traceback) before the next case
+    collect_garbage()  # the failed case's tensors (held by the traceback) before the next case
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     if error is not None:
@@ -391,7 +400,7 @@ def measure_in_process(run_case: Callable[..., dict], case: str, numbers: Sequen
 def measure_smoke(run_case: Callable[..., dict], case: str, numbers: Sequence[int]) -> dict:
     """``--smoke``: ``run_case(case, *numbers)`` in this process after :func:`reset_peak_rss`, so
     a CPU peak is the case's own; an exception propagates (a smoke run fails on a broken case)."""
-    gc.collect()  # the previous case's tensors, before the peak is reset
+    collect_garbage()  # the previous case's tensors, before the peak is reset
     reset_peak_rss()
     result = run_case(case, *numbers)
     result.pop("peak_kind", None)

@@ -16,6 +16,12 @@ then the best of ``--repeats`` timed steps, the slowest process's time (the step
 by the all-gather and DDP's all-reduce). Memory: one step with ``MALLOC_MMAP_THRESHOLD_=65536``,
 the largest peak RSS growth of one process over its RSS before the step. Cases are measured
 ``--rounds`` times, interleaved, keeping the best time and the largest peak.
+``--smoke`` (every case once in the script's own process, ``benchmarks/_measure.py``) with
+``--threads 1`` forks the 2 processes of a case from the script's process instead, after its
+1-process cases (:data:`SMOKE_ORDER`): they start with torch imported and warmed up instead of as
+two fresh interpreters (about 15 s of CPU less). One thread per process is the condition: a fork
+does not carry OpenMP's worker threads, which a rank with more threads would wait for; other
+``--threads`` spawn the processes as a full run does.
 Run: ``python benchmarks/bench_distributed.py``. On a machine with fewer free cores than
 processes the 2-process times measure contention, not scaling: report the core count.
 """
@@ -27,6 +33,7 @@ import os
 import socket
 import sys
 import tempfile
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -49,6 +56,8 @@ from pml_rank_plugins.trainers import all_gather_with_grad, chunked_backward
 from pml_rank_plugins.trainers.distributed import local_slice
 
 CASES = ["plain R=1", "plain R=2", "chunked R=1", "chunked R=2"]
+# --smoke --threads 1: the order the cases run in, 1-process cases first (see the docstring)
+SMOKE_ORDER = ["plain R=1", "chunked R=1", "plain R=2", "chunked R=2"]
 
 
 def _free_port() -> int:
@@ -91,12 +100,14 @@ def run_rank(rank: int, world: int, port: int, kind: str, numbers: list, out: st
             dist.destroy_process_group()
 
 
-def run_case(case: str, *numbers: int) -> dict:
+def run_case(case: str, *numbers: int, start_method: str = "spawn") -> dict:
     """All processes of one case; the slowest time and the largest per-process peak.
 
     Args:
         case: ``"plain R=1"``, ``"chunked R=2"``, ...
         numbers: batch, chunk, warmup, repeats, threads.
+        start_method: how the processes of a 2-process case start (``"fork"``: only where no
+            thread pool is in use, as ``--smoke --threads 1``).
     """
     kind, world = case.split(" R=")
     world = int(world)
@@ -105,7 +116,10 @@ def run_case(case: str, *numbers: int) -> dict:
         if world == 1:
             run_rank(0, 1, 0, kind, numbers, out)
         else:
-            mp.spawn(run_rank, (world, _free_port(), kind, numbers, out), nprocs=world, join=True)
+            rank_args = (world, _free_port(), kind, numbers, out)
+            mp.start_processes(
+                run_rank, rank_args, nprocs=world, join=True, start_method=start_method
+            )
         results = []
         for rank in range(world):
             with open(f"{out}.{rank}") as f:
@@ -118,9 +132,12 @@ def run_case(case: str, *numbers: int) -> dict:
 
 def report(args) -> None:
     """Measures every case, prints the table and the 2-process / 1-process ratios."""
+    fork = args.smoke and args.threads == 1
+    if fork:  # the ranks fork from this process (see the module docstring)
+        args.run_case = partial(run_case, start_method="fork")
     results = measure_cases(
         __file__,
-        CASES,
+        SMOKE_ORDER if fork else CASES,
         [args.batch, args.chunk],
         args,
         memory_pass=not args.single_pass,  # smoke runs: time and memory from one subprocess

@@ -4,12 +4,15 @@ measurement helpers keep best times and largest peaks.
 The scripts run with ``--smoke`` (every case once, in the script's own process: one interpreter
 start per script instead of one or two per case and round); one test runs the normal
 subprocess-per-case path, and :func:`measure_in_child` is checked directly in both modes.
-Runs with the same arguments are shared within a test process (:func:`smoke`)."""
+Runs with the same arguments are shared within a test process (:func:`smoke`): one run of each
+pairwise script (two sizes, under a competing load) serves every test that reads its table, and
+those tests share an xdist group so that ``make test`` (``--dist loadgroup``) runs it once."""
 
 import argparse
 import functools
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -60,12 +63,22 @@ def table_rows(output: str) -> list[list[str]]:
     return [row for row in cells if row[0] not in ("N", "case") and not row[0].startswith("---")]
 
 
-HISTOGRAM_AP_TWO_SIZES = ("bench_histogram_ap.py", "--sizes", "32", "48", "--pml-max", "32")
+# One smoke run per pairwise script, read by the tests of its xdist group: two sizes (PML skipped
+# at the second) under a competing load.
+PAIRWISE_SMOKE = {
+    "bench_histogram_ap.py": ("--sizes", "32", "48", "--pml-max", "32", "--load", "train"),
+    "bench_ranked_list.py": ("--sizes", "32", "48", "--pml-max", "32", "--load", "spawn"),
+}
+HISTOGRAM_AP_SMOKE = ("bench_histogram_ap.py", *PAIRWISE_SMOKE["bench_histogram_ap.py"])
+RANKED_LIST_SMOKE = ("bench_ranked_list.py", *PAIRWISE_SMOKE["bench_ranked_list.py"])
+HISTOGRAM_AP_GROUP = pytest.mark.xdist_group("bench_histogram_ap_smoke")
+RANKED_LIST_GROUP = pytest.mark.xdist_group("bench_ranked_list_smoke")
 
 
 @pytest.mark.slow
+@HISTOGRAM_AP_GROUP
 def test_bench_histogram_ap_prints_one_row_per_size():
-    out = smoke(*HISTOGRAM_AP_TWO_SIZES)
+    out = smoke(*HISTOGRAM_AP_SMOKE)
     rows = table_rows(out)
     assert [row[0] for row in rows] == ["32", "48"]
     assert rows[0][4].endswith("x") and rows[1][2] == "skipped"
@@ -75,19 +88,32 @@ def test_bench_histogram_ap_prints_one_row_per_size():
 @pytest.mark.parametrize(
     "script, load, name",
     [
-        ("bench_histogram_ap.py", "train", "one-thread training process"),
-        ("bench_ranked_list.py", "spawn", "niced loop starting short Python processes"),
+        pytest.param(
+            "bench_histogram_ap.py",
+            "train",
+            "one-thread training process",
+            marks=HISTOGRAM_AP_GROUP,
+        ),
+        pytest.param(
+            "bench_ranked_list.py",
+            "spawn",
+            "niced loop starting short Python processes",
+            marks=RANKED_LIST_GROUP,
+        ),
     ],
 )
 @pytest.mark.slow
 def test_bench_under_a_competing_load_names_it_and_stops_it(script, load, name):
-    out = smoke(script, "--sizes", "32", "--load", load)
-    assert [row[0] for row in table_rows(out)] == ["32"]
+    args = PAIRWISE_SMOKE[script]
+    assert args[args.index("--load") + 1] == load
+    out = smoke(script, *args)
+    assert [row[0] for row in table_rows(out)] == ["32", "48"]
     assert f"competing load: a {name}" in out
     assert "before: load average" in out and "after: load average" in out
 
 
 @pytest.mark.slow
+@HISTOGRAM_AP_GROUP
 def test_bench_histogram_ap_reports_map_q_next_to_fastap():
     # The normal path (no --smoke): each case measured in its own --child subprocess.
     out = run_script(
@@ -100,7 +126,7 @@ def test_bench_histogram_ap_reports_map_q_next_to_fastap():
     row = table_rows(out)[0]
     assert row[-2].endswith("x")  # mAP_Q / floor
     # the smoke run prints the same table: same header, same cells filled
-    smoke_out = smoke(*HISTOGRAM_AP_TWO_SIZES)
+    smoke_out = smoke(*HISTOGRAM_AP_SMOKE)
     assert header in smoke_out.splitlines()
     shape = [re.sub(r"[\d.]+", "9", cell) for cell in row]  # "9x", "9/9", "9", "skipped"...
     assert [re.sub(r"[\d.]+", "9", cell) for cell in table_rows(smoke_out)[0]] == shape
@@ -190,8 +216,9 @@ def test_bench_chunked_prints_the_three_cases_and_ratios():
 
 
 @pytest.mark.slow
+@RANKED_LIST_GROUP
 def test_bench_ranked_list_prints_one_row_per_size():
-    out = smoke("bench_ranked_list.py", "--sizes", "32", "48", "--pml-max", "32")
+    out = smoke(*RANKED_LIST_SMOKE)
     rows = table_rows(out)
     assert [row[0] for row in rows] == ["32", "48"]
     assert rows[0][5].endswith("x") and rows[1][3] == "skipped"
@@ -247,22 +274,21 @@ def test_paired_times_rotate_the_order_so_each_case_is_timed_in_each_position():
         assert sorted(r[position] for r in timed) == sorted(names * 2)
 
 
-def test_bench_memory_bank_cuda_runs_on_a_gpu_or_says_there_is_none():
+def test_bench_memory_bank_cuda_runs_on_a_gpu_or_says_there_is_none(monkeypatch):
     args = ["--memory", "64", "--batch", "8", "--dim", "8", "--device", "cuda", "--smoke"]
     if torch.cuda.is_available():  # the CUDA timing branch at toy size
         rows = table_rows(run_script("bench_memory_bank.py", *args))
         assert len(rows) == 10 and all(row[2].endswith("x") for row in rows)
         return
-    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)}
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "bench_memory_bank.py"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode != 0
-    assert "--device cuda, but no CUDA GPU is available" in done.stderr
+    # No GPU: the script run as __main__ in this process (its modules are imported already); a
+    # SystemExit with a message is what makes `python script` print it to stderr and exit 1.
+    script = BENCHMARKS / "bench_memory_bank.py"
+    monkeypatch.setattr(sys, "argv", [str(script), *args])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(script), run_name="__main__")
+    message = exited.value.code
+    assert isinstance(message, str)  # not None or 0: the exit status is 1
+    assert "--device cuda, but no CUDA GPU is available" in message
 
 
 def test_best_over_rounds_keeps_best_time_and_largest_peak():
