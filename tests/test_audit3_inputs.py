@@ -10,7 +10,11 @@ import pytest
 import yaml
 
 from pml_rank_plugins.cli import main
-from tests.running.test_tune import glyph_config
+from tests.running.test_tune import (  # noqa: F401 (fixtures)
+    glyph_config,
+    png_plots_only,
+    workers_in_process,
+)
 
 
 def write(tmp_path, cfg, name="c.yaml") -> str:
@@ -145,6 +149,7 @@ def test_a_flipped_study_direction_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("workers_in_process", "png_plots_only")  # the exit status is tested
 def test_every_failed_trial_makes_tune_exit_1(tmp_path, capsys):
     cfg = copy.deepcopy(one_method())
     cfg["trainer"]["MetricLossOnly"]["num_epochs"] = 1

@@ -10,7 +10,11 @@ import yaml
 from pml_rank_plugins.cli import main
 from pml_rank_plugins.experiment.schema import load_yaml
 from pml_rank_plugins.reporting.tune_report import markdown
-from tests.running.test_tune import glyph_config, workers_in_process  # noqa: F401 (fixture)
+from tests.running.test_tune import (  # noqa: F401 (fixtures)
+    glyph_config,
+    png_plots_only,
+    workers_in_process,
+)
 
 
 def write(path, config) -> str:
@@ -19,8 +23,11 @@ def write(path, config) -> str:
 
 
 @pytest.mark.slow
+# the tune's trials train in this process (the worker's own code; spawned workers: the tune
+# tests in tests/running), and no PDF copies of the plots: what is under test is the runs' configs
+@pytest.mark.usefixtures("workers_in_process", "png_plots_only")
 def test_tune_then_compare_tuned_uses_the_best_parameters_on_fresh_seeds(tmp_path, capsys):
-    cfg = glyph_config()
+    cfg = glyph_config(epochs=1)  # what is under test is which parameters the runs get
     cfg["methods"].pop("PML Contrastive")
     path = write(tmp_path / "c.yaml", cfg)
     assert main(["tune", path, "--out", str(tmp_path / "t"), "--trials", "2"]) == 0
@@ -117,7 +124,7 @@ def run_config_epochs(run_dir) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("workers_in_process")  # the CLI's spawn worker: the test above
+@pytest.mark.usefixtures("workers_in_process", "png_plots_only")  # as in the test above
 def test_compare_tuned_trains_the_budget_it_was_tuned_at(tmp_path, capsys):
     # The issue's reproduction: tuned with --set trainer.num_epochs=N, compared without it.
     cfg = glyph_config(epochs=2)

@@ -56,8 +56,12 @@ def postgres_server() -> Iterator[int]:
         shutil.chown(base, "postgres")
     port = free_port()
     try:
-        _pg("initdb", "-D", str(data), "-U", "postgres", "--auth=trust")
-        opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1"
+        # a throwaway server: no fsync (neither in initdb nor later), nothing to keep on a crash
+        _pg("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync")
+        opts = (
+            f"-p {port} -k {base} -c listen_addresses=127.0.0.1"
+            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        )
         _pg("pg_ctl", "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "start")
         yield port
     finally:

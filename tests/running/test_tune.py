@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 from pml_rank_plugins.experiment import registry
 from pml_rank_plugins.experiment.methods import collect_methods
 from pml_rank_plugins.experiment.schema import ConfigError, deep_merge
+from pml_rank_plugins.reporting import style
 from pml_rank_plugins.reporting.tune_report import run_tune
 from pml_rank_plugins.running import tune as tuning
 from pml_rank_plugins.running.checkpoints import load_checkpoint
@@ -77,11 +78,12 @@ def workers_in_process(monkeypatch):
 
     ``pml-rank tune`` always trains in spawned workers (:func:`tuning._run_workers`); those are
     exercised by the ``jobs=2`` and diverging-trial tests below (the latter also carries a user
-    registration into them), tests/reporting/test_tune_report.py's CLI tests and
-    tests/running/test_tune_concurrency.py. A test about what a study records saves here a fresh
-    Python importing torch per method and ``run_tune`` call (about 5 s of CPU each). The worker
-    itself (:func:`tuning._worker`, then :func:`tuning.run_trials`) is the real one; the logger
-    levels it sets for its own process are put back afterwards.
+    registration into them), tests/running/test_tune_storage.py (PostgreSQL, ``kill -9``) and
+    tests/running/test_tune_concurrency.py (``python -m pml_rank_plugins tune`` commands). A
+    test about what a study records saves here a fresh Python importing torch per method and
+    ``run_tune`` call (about 5 s of CPU each). The worker itself (:func:`tuning._worker`, then
+    :func:`tuning.run_trials`) is the real one; the logger levels it sets for its own process
+    are put back afterwards.
     """
     loggers = [logging.getLogger(n) for n in ("PML", "pml_rank_plugins.running.training")]
     levels = [logger.level for logger in loggers]
@@ -96,10 +98,32 @@ def workers_in_process(monkeypatch):
         logger.setLevel(level)
 
 
+@pytest.fixture
+def png_plots_only(monkeypatch):
+    """The plots of ``tune`` and ``compare`` (this process's) drawn and written as PNG, without
+    their PDF copy, for a test that reads neither.
+
+    The PDF draws the figure again and subsets its TrueType fonts with fontTools: about half a
+    second of CPU per figure, and a tune writes 1 + 1 per method, a comparison 2-3. Every other
+    step of the outputs runs as usual (``tests/reporting/test_plots.py`` and the comparison
+    tests write the PDFs)."""
+    use_png_plots_only(monkeypatch)
+
+
+def use_png_plots_only(monkeypatch) -> None:
+    """:func:`png_plots_only` from here on in the test."""
+    real = style.save_figure
+
+    def png_only(fig, png, pdf=True, **kwargs):
+        return real(fig, png, pdf=False, **kwargs)
+
+    monkeypatch.setattr(style, "save_figure", png_only)
+
+
 @pytest.mark.slow
-def test_two_methods_three_trials_then_resume_to_five(tmp_path, workers_in_process):
+def test_two_methods_three_trials_then_resume_to_five(tmp_path, workers_in_process, monkeypatch):
     out = tmp_path / "tune"
-    summary = run_tune([glyph_config()], out)
+    summary = run_tune([glyph_config(epochs=1)], out)  # 10 trials in all: one epoch each
     assert set(summary["methods"]) == {"plugin FastAP", "PML Contrastive"}
     for method, s in summary["methods"].items():
         assert s["n_trials"] == 3 and s["states"] == {"complete": 3}
@@ -125,9 +149,10 @@ def test_two_methods_three_trials_then_resume_to_five(tmp_path, workers_in_proce
     assert attrs["objective"] == "validation mean_average_precision_at_r at the best epoch"
     assert attrs["config_hash"] == on_disk["methods"]["plugin FastAP"]["config_hash"]
     assert attrs["config"] == on_disk["methods"]["plugin FastAP"]["config"]
-    assert attrs["config"]["trainer"]["MetricLossOnly"]["num_epochs"] == 2
+    assert attrs["config"]["trainer"]["MetricLossOnly"]["num_epochs"] == 1
 
-    again = run_tune([glyph_config()], out, trials=5)
+    use_png_plots_only(monkeypatch)  # the outputs were checked above: the study, from here on
+    again = run_tune([glyph_config(epochs=1)], out, trials=5)
     for method, s in again["methods"].items():
         assert s["n_trials"] == 5
         trials = trials_of(out, method)
@@ -141,9 +166,11 @@ def test_two_methods_three_trials_then_resume_to_five(tmp_path, workers_in_proce
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("png_plots_only")
 def test_jobs_2_on_one_study_gives_exactly_the_trials(tmp_path):
     cfg = glyph_config(
-        methods={"PML Contrastive": {"loss_funcs": {"metric_loss": {"ContrastiveLoss": {}}}}}
+        epochs=1,  # what is under test is how two workers share the study
+        methods={"PML Contrastive": {"loss_funcs": {"metric_loss": {"ContrastiveLoss": {}}}}},
     )
     cfg["methods"].pop("plugin FastAP")
     summary = run_tune([cfg], tmp_path / "t", trials=4, jobs=2)
@@ -163,10 +190,11 @@ class _DivergingLoss(registry.resolve("ContrastiveLoss")):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("png_plots_only")
 def test_a_diverging_trial_is_recorded_failed_and_the_study_finishes(tmp_path):
     registry.register("DivergingLoss", _DivergingLoss, override=True)
     try:
-        cfg = glyph_config()
+        cfg = glyph_config(epochs=1)
         cfg["methods"] = {"diverging": {"loss_funcs": {"metric_loss": {"DivergingLoss": {}}}}}
         cfg["tune"]["space"] = {"loss_funcs.metric_loss.pos_margin": {"choice": [0.0, 0.9]}}
         cfg["tune"]["sampler"] = {"BruteForceSampler": {"seed": 0}}
@@ -187,6 +215,7 @@ def test_a_diverging_trial_is_recorded_failed_and_the_study_finishes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("png_plots_only")
 def test_a_pruned_trial_stops_early(tmp_path, workers_in_process):
     cfg = glyph_config(epochs=4)
     cfg["methods"].pop("plugin FastAP")

@@ -3,8 +3,10 @@
 Every test with a live trial runs real ``python -m pml_rank_plugins tune`` processes on a tiny
 contrastive-only glyph config, because what is under test is between processes: a trial's owner
 is a spawned worker of one command, and the other command only sees it through the storage and
-the run folder's lock. A command refused before any trial trains, judging a trial whose owner is
-already dead, runs in this process (:func:`run_tune_in_process`).
+the run folder's lock. A command that trains nothing runs in this process
+(:func:`run_tune_in_process`: a Python start, 4-5 s of CPU, less): one refused before any trial
+trains, judging a trial whose owner is already dead, and one that finds the only trial live in
+another command's worker (it still sees that worker only through the storage and the lock).
 
 Exit status of an owner whose trial another command marked finished: its worker logs one line
 (``trial K was finished by another command``) and stops asking; the command itself then reports
@@ -39,6 +41,7 @@ from pml_rank_plugins.running import run_folder
 from pml_rank_plugins.running import tune as tuning
 from pml_rank_plugins.running.checkpoints import load_checkpoint
 from pml_rank_plugins.running.parent import pid_alive
+from tests.running.test_tune import png_plots_only  # noqa: F401 (fixture)
 from tests.running.test_tune_storage import contrastive_only
 
 METHOD = "PML Contrastive"
@@ -77,20 +80,11 @@ def start_tune(config: Path, out: str | Path, trials: int, cwd: Path) -> subproc
     )
 
 
-def run_tune_cli(config: Path, out: str | Path, trials: int, cwd: Path):
-    return subprocess.run(
-        tune_command(config, out, trials),
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def run_tune_in_process(config: Path, out: str | Path, trials: int, cwd: Path, monkeypatch, capsys):
-    """``pml-rank tune`` as :func:`run_tune_cli` runs it (from ``cwd``), but in this process;
-    ``(exit status, stderr)``. Only for a command that trains nothing (no worker is spawned)."""
+    """``pml-rank tune`` as :func:`start_tune` runs it (from ``cwd``), but in this process;
+    ``(exit status, stderr)``. Only for a command that trains nothing (no worker is spawned).
+    Its log lines go to pytest's log capture here (the root logger has pytest's handler, so the
+    CLI's ``logging.basicConfig`` adds no stderr handler): check ``caplog.text`` as well."""
     monkeypatch.chdir(cwd)
     capsys.readouterr()
     rc = main(tune_command(config, out, trials)[3:])  # without "python -m pml_rank_plugins"
@@ -132,8 +126,9 @@ def no_traceback(stderr: str) -> None:
     assert "Traceback" not in stderr, stderr
 
 
-@pytest.mark.slow  # tune commands in subprocesses (about 10 s each to start)
-def test_cross_directory_tune_leaves_the_live_trial_alone(tmp_path):
+@pytest.mark.slow  # a tune command in a subprocess (about 10 s to start with its worker)
+@pytest.mark.usefixtures("png_plots_only")  # the second command's (this process's) plots
+def test_cross_directory_tune_leaves_the_live_trial_alone(tmp_path, monkeypatch, capsys, caplog):
     # Audit 3 item 4: `run_dir` was stored relative, so a second `tune` from another directory
     # found no lock, marked the live trial FAIL and created trial0/.lock outside --out; the
     # owner then died with UpdateFinishedTrialError at its next epoch's report.
@@ -148,14 +143,17 @@ def test_cross_directory_tune_leaves_the_live_trial_alone(tmp_path):
         assert trial.user_attrs["run_dir"] == str((out / slug(METHOD) / "trial0").resolve())
         assert trial.user_attrs["host"] == socket.gethostname()
 
-        second = run_tune_cli(config, "../a/runs", 1, cwd=second_cwd)
+        # the second command, in this process: it sees the owner only through the storage and
+        # the trial folder's lock, as from a process of its own
+        rc, stderr = run_tune_in_process(config, "../a/runs", 1, second_cwd, monkeypatch, capsys)
+        stderr += caplog.text  # its log lines (run_tune_in_process)
         # the second command counted the live trial as running, trained nothing, and has no
         # complete trial to report
         summary = json.loads((out / "tune.json").read_text())["methods"][METHOD]
-        assert summary["states"] == {"running": 1}, second.stderr
-        assert second.returncode == 1, second.stderr
-        assert "no complete trial" in second.stderr and "interrupted" not in second.stderr
-        no_traceback(second.stderr)
+        assert summary["states"] == {"running": 1}, stderr
+        assert rc == 1, stderr
+        assert "no complete trial" in stderr and "interrupted" not in stderr
+        no_traceback(stderr)
         assert list(second_cwd.iterdir()) == []  # nothing created in the second's directory
 
         # the owner goes on: it reports a further epoch to the study after the second ended
@@ -178,7 +176,7 @@ def test_cross_directory_tune_leaves_the_live_trial_alone(tmp_path):
 def test_two_tunes_started_together_on_a_fresh_out(tmp_path):
     # Audit 3 item 9: two `tune`s started 1 s apart on a fresh --out gave "table trials
     # already exists". The storage is created once, under the ask lock; the trials are shared.
-    config = write_config(tmp_path / "c.yaml", epochs=2)
+    config = write_config(tmp_path / "c.yaml", epochs=1)
     out = tmp_path / "t"
     procs = [start_tune(config, out, 2, cwd=tmp_path) for _ in range(2)]
     results = []

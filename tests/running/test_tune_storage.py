@@ -23,7 +23,11 @@ from optuna.trial import TrialState
 from pml_rank_plugins.reporting.tune_report import run_tune
 from pml_rank_plugins.running import tune as tuning
 from pml_rank_plugins.running.parent import pid_alive
-from tests.running.test_tune import glyph_config
+from tests.running.test_tune import (  # noqa: F401 (fixtures)
+    glyph_config,
+    png_plots_only,
+    workers_in_process,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,8 +39,10 @@ def contrastive_only(**kw) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("png_plots_only")
 def test_postgresql_study_shared_by_two_workers(postgres, tmp_path):
-    summary = run_tune([contrastive_only()], tmp_path / "t", trials=4, storage=postgres, jobs=2)
+    cfg = contrastive_only(epochs=1)  # what is under test is the storage, not the training
+    summary = run_tune([cfg], tmp_path / "t", trials=4, storage=postgres, jobs=2)
     s = summary["methods"]["PML Contrastive"]
     assert s["n_trials"] == 4 and s["states"] == {"complete": 4}
     assert "s3cret" not in (tmp_path / "t" / "tune.json").read_text()  # password removed
@@ -48,19 +54,26 @@ def test_postgresql_study_shared_by_two_workers(postgres, tmp_path):
 
 SLOW_TUNE = textwrap.dedent("""
     import sys
+    import torch
     from pml_rank_plugins.reporting.tune_report import run_tune
+    from pml_rank_plugins.running import tune as tuning
     from tests.running.test_tune import glyph_config
+    if sys.argv[2] == "in-process":  # the worker's own code, in this process (no spawn)
+        tuning._run_workers = lambda job, jobs: tuning._worker(job, 0, torch.get_num_threads(), {})
     cfg = glyph_config(epochs=40)
     cfg["methods"].pop("plugin FastAP")
     run_tune([cfg], sys.argv[1], trials=2)
     """)
 
 
-def start_slow_tune(out: Path) -> subprocess.Popen:
+def start_slow_tune(out: Path, workers: str = "spawn") -> subprocess.Popen:
     """:data:`SLOW_TUNE` into ``out`` in its own session, returned once its first trial wrote a
-    checkpoint (so it is in the middle of training)."""
+    checkpoint (so it is in the middle of training). ``workers="in-process"``: the trial trains
+    in the tune process itself instead of a spawned worker (one Python start, 4-5 s of CPU, less;
+    killing the process group leaves the study and the run folder as with a worker: the trial
+    RUNNING, its recorded owner gone, its folder's lock free)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", SLOW_TUNE, str(out)],
+        [sys.executable, "-c", SLOW_TUNE, str(out), workers],
         cwd=ROOT,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -77,9 +90,13 @@ def start_slow_tune(out: Path) -> subprocess.Popen:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("workers_in_process", "png_plots_only")
 def test_a_killed_tune_continues_the_trial_in_progress(tmp_path):
+    # a real process killed in the middle of a trial; what is under test is what the next tune
+    # makes of the study and folder it left (the kill of a tune with a spawned worker:
+    # test_kill_9_of_tune_leaves_no_worker_behind), so both tunes train in their own process
     out = tmp_path / "t"
-    proc = start_slow_tune(out)
+    proc = start_slow_tune(out, workers="in-process")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     storage = tuning.default_storage(out)

@@ -23,7 +23,11 @@ from pml_rank_plugins.running import runner
 from pml_rank_plugins.running import tune as tuning
 from pml_rank_plugins.running.study import TuneJob, counted_trials
 from pml_rank_plugins.running.trial_resume import RESUMES, continued_trial, requeue_interrupted
-from tests.running.test_tune import glyph_config
+from tests.running.test_tune import (  # noqa: F401 (fixtures)
+    glyph_config,
+    png_plots_only,
+    workers_in_process,
+)
 
 METHOD = "PML Contrastive"
 
@@ -70,8 +74,13 @@ def val_epochs(run_dir: Path) -> list[int]:
     return [r[0] for r in db.execute(f"SELECT epoch FROM {val}")]
 
 
-@pytest.mark.slow  # 9 s idle: a tune worker process
+@pytest.mark.slow
+@pytest.mark.usefixtures("workers_in_process", "png_plots_only")
 def test_a_killed_trial_continues_from_its_checkpoint_and_equals_an_uninterrupted_one(tmp_path):
+    # the continuation trains in this process (the tune worker's own code, without a spawned
+    # Python: 4-5 s of CPU less); everything it continues from comes from the folder and the
+    # study, as in a new process (the model, optimizer and random state are rebuilt from the
+    # checkpoint; a tune killed for real is continued in test_tune_storage.py)
     out = tmp_path / "t"
     study, job, trial_config, first = interrupted_study(out)
     summary = run_tune([config()], out, trials=1)
