@@ -4,9 +4,12 @@ method of a comparison, figures written, a fixed layout that keeps every text in
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import shutil
+from pathlib import Path
 
 import matplotlib.colors
 import matplotlib.text
@@ -20,7 +23,72 @@ from pytorch_metric_learning.testers import base_tester
 from pml_rank_plugins.functional import ranked_average_precision
 from pml_rank_plugins.reporting import compare, retrieval, retrieval_grid, style
 from pml_rank_plugins.running.load import embed, load_run, save_embeddings
+from tests.gc_free import gc_collect_skipped, no_gc_collect  # noqa: F401 -- fixture
 from tests.tiny import TinyDataset, tiny_config
+
+# the picture tests share one drawn comparison (module fixture :func:`drawn`) and the others one
+# comparison without pictures (:func:`undrawn`): one xdist group builds each once per worker
+# statsmodels' Holm adjustment runs a full gc.collect() per call: skipped (tests/gc_free.py)
+pytestmark = [pytest.mark.xdist_group("retrieval_drawn"), pytest.mark.usefixtures("no_gc_collect")]
+FAST = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
+
+
+def two_methods() -> dict:
+    cfg = tiny_config()
+    cfg["methods"] = {
+        "Contrastive": None,
+        "MultiSimilarity": {"loss_funcs": {"metric_loss": {"MultiSimilarityLoss": {}}}},
+    }
+    return cfg
+
+
+def one_method() -> dict:
+    cfg = tiny_config()
+    cfg["methods"] = {"Contrastive": None}
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory) -> tuple[Path, dict, str]:
+    """``compare`` of :func:`two_methods` (1 seed) with its pictures drawn: the folder, the summary
+    and the ``pml_rank_plugins.reporting.compare`` INFO log lines. Read it, or copy it first
+    (:func:`copy_drawn`)."""
+    out = tmp_path_factory.mktemp("drawn") / "cmp"
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger = logging.getLogger("pml_rank_plugins.reporting.compare")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with gc_collect_skipped():
+            summary = compare.run_comparison(two_methods(), out, overrides=FAST)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    return out, summary, stream.getvalue()
+
+
+def copy_drawn(drawn: tuple[Path, dict, str], out: Path) -> Path:
+    """A copy of the :func:`drawn` comparison at ``out``, its pictures up to date there: file times
+    are kept, and each ``retrieval.json`` names the copied run folder (with its time kept)."""
+    shutil.copytree(drawn[0], out)  # copy2: modification times kept
+    for record in out.glob("*/retrieval.json"):
+        saved = json.loads(record.read_text())
+        assert saved["run_dir"] == str(drawn[0] / record.parent.name / "seed0")
+        stat = record.stat()
+        record.write_text(json.dumps({**saved, "run_dir": str(record.parent / "seed0")}))
+        os.utime(record, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    return out
+
+
+@pytest.fixture(scope="module")
+def undrawn(tmp_path_factory) -> tuple[Path, dict]:
+    """``compare`` of :func:`one_method` with ``pictures=False``: its folder and summary. Read it,
+    or copy the folder first."""
+    out = tmp_path_factory.mktemp("undrawn") / "cmp"
+    with gc_collect_skipped():
+        return out, compare.run_comparison(one_method(), out, overrides=FAST, pictures=False)
 
 
 def test_average_precision_by_hand():
@@ -52,16 +120,8 @@ def test_query_choice_depends_only_on_eligibility_and_seed():
 
 
 @pytest.mark.slow
-def test_every_method_shows_the_same_queries(tmp_path):
-    cfg = tiny_config()
-    cfg["methods"] = {
-        "Contrastive": None,
-        "MultiSimilarity": {"loss_funcs": {"metric_loss": {"MultiSimilarityLoss": {}}}},
-    }
-    out = tmp_path / "cmp"
-    summary = compare.run_comparison(
-        cfg, out, overrides=["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
-    )
+def test_every_method_shows_the_same_queries(drawn):
+    out, summary, _ = drawn
     records = {}
     for method in ("Contrastive", "MultiSimilarity"):
         for png in ("retrieval.png", "worst_queries.png"):
@@ -185,17 +245,13 @@ def _mtimes(folder):
 
 
 @pytest.mark.slow
-def test_resume_draws_only_missing_pictures_and_never_deletes(tmp_path, monkeypatch, caplog):
-    cfg = tiny_config()
-    cfg["methods"] = {"Contrastive": None}
-    out = tmp_path / "cmp"
-    fast = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
-    with caplog.at_level("INFO", logger="pml_rank_plugins.reporting.compare"):
-        compare.run_comparison(cfg, out, overrides=fast)
+def test_resume_draws_only_missing_pictures_and_never_deletes(tmp_path, monkeypatch, caplog, drawn):
+    cfg, fast = two_methods(), FAST
+    out = copy_drawn(drawn, tmp_path / "cmp")  # drawn: compare.run_comparison(cfg, out, fast)
     folder = out / "Contrastive"
     names = [p.name for p in retrieval.picture_paths(folder)]
     # one progress line per method, naming what it wrote
-    assert "pictures of Contrastive: " + ", ".join(names) + " in" in caplog.text
+    assert "pictures of Contrastive: " + ", ".join(names) + " in" in drawn[2]
     assert sorted(names) == sorted(n for n in _mtimes(folder))
     before = _mtimes(folder)
     assert retrieval.missing_pictures(folder / "seed0", folder) == []
@@ -227,12 +283,8 @@ def test_resume_draws_only_missing_pictures_and_never_deletes(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_pictures_are_out_of_date_when_the_checkpoint_is_newer(tmp_path):
-    cfg = tiny_config()
-    cfg["methods"] = {"Contrastive": None}
-    out = tmp_path / "cmp"
-    fast = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
-    compare.run_comparison(cfg, out, overrides=fast)
+def test_pictures_are_out_of_date_when_the_checkpoint_is_newer(tmp_path, drawn):
+    out = copy_drawn(drawn, tmp_path / "cmp")  # pictures drawn by compare.run_comparison
     folder, run = out / "Contrastive", out / "Contrastive" / "seed0"
     record = folder / "retrieval.json"
     assert retrieval.missing_pictures(run, folder) == []
@@ -249,22 +301,16 @@ def test_pictures_are_out_of_date_when_the_checkpoint_is_newer(tmp_path):
     assert retrieval.missing_pictures(run, folder) == retrieval.picture_paths(folder)
 
 
-def test_pictures_false_writes_no_picture(tmp_path):
-    cfg = tiny_config()
-    cfg["methods"] = {"Contrastive": None}
-    out = tmp_path / "cmp"
-    fast = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
-    summary = compare.run_comparison(cfg, out, overrides=fast, pictures=False)
+def test_pictures_false_writes_no_picture(undrawn):
+    out, summary = undrawn  # compare.run_comparison(one_method(), out, FAST, pictures=False)
     assert "pictures" not in summary
+    assert (out / "Contrastive" / "seed0" / "metrics.json").is_file()  # the run is there
     assert not [p for p in (out / "Contrastive").iterdir() if p.is_file()]
 
 
-def test_pictures_without_pdf_and_no_tester_bars(tmp_path, capsys):
-    cfg = tiny_config()
-    cfg["methods"] = {"Contrastive": None}
+def test_pictures_without_pdf_and_no_tester_bars(tmp_path, capsys, undrawn):
     out = tmp_path / "cmp"
-    fast = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
-    compare.run_comparison(cfg, out, overrides=fast, pictures=False)
+    shutil.copytree(undrawn[0], out)  # compare.run_comparison(..., pictures=False)
     capsys.readouterr()
     run = out / "Contrastive" / "seed0"
     paths = retrieval.write_retrieval_pictures(run, tmp_path / "pics", pdf=False)
@@ -278,12 +324,9 @@ def test_pictures_without_pdf_and_no_tester_bars(tmp_path, capsys):
     assert base_tester.tqdm is tqdm  # and put back
 
 
-def test_saved_test_embeddings_are_reused_only_for_their_checkpoint(tmp_path, monkeypatch):
-    cfg = tiny_config()
-    cfg["methods"] = {"Contrastive": None}
+def test_saved_test_embeddings_are_reused_only_for_their_checkpoint(tmp_path, monkeypatch, undrawn):
     out = tmp_path / "cmp"
-    fast = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
-    compare.run_comparison(cfg, out, overrides=fast, pictures=False)
+    shutil.copytree(undrawn[0], out)  # compare.run_comparison(..., pictures=False); changed below
     run = out / "Contrastive" / "seed0"
     assert (run / "embeddings" / "test.npz").exists()  # the run saved its final test's
     shutil.rmtree(run / "embeddings")  # first without them: embedded again
