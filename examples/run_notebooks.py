@@ -12,7 +12,8 @@ folders never land in the repository), then is written back with the new outputs
 gets ``PML_RANK_DATA`` (``--data-root``; default: the variable, else ``<repo>/../shared/data``).
 A notebook that fails is left unchanged and the script exits 1 naming it. The wall and CPU time of
 each are printed with the machine's load average: at its default size every notebook must finish in
-under a minute on CPU (``tests/test_examples.py`` runs them too).
+under a minute on CPU (``tests/test_examples.py`` runs them too, with a smaller training budget:
+its ``TEST_SETTINGS``).
 """
 
 from __future__ import annotations
