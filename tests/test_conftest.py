@@ -35,6 +35,11 @@ def test_cuda_without_gpu_skips_device_tests_with_the_reason():
             "-ra",
             "-p",
             "no:cacheprovider",
+            # plugins these five tests do not use: their start-up is most of the run's own CPU
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:hypothesispytest",
             "tests/utils/test_distance_matrix.py",
             "tests/test_conftest.py::test_reasons",
         ],
