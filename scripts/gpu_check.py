@@ -24,9 +24,11 @@ every part (a run cut short still leaves what it found):
 ``--tiny`` uses toy sizes (N = 64, 128; a few test files; two training iterations) so CI runs
 the same script on the CPU in well under a minute (``tests/test_gpu_check.py``); it runs the
 benchmark scripts and pytest inside their part's process (toy sizes are not timed; a full run
-gives each a fresh process). Parts that need CUDA are reported ``skipped`` with the reason under
-``--device cpu``, without starting a process. On one H100-class GPU the per-part limits add up
-to under 8 minutes (:data:`LIMITS_S`, :data:`TOTAL_S`).
+gives each a fresh process), and the selected parts of ``gpu_check_parts.py`` (environment,
+tests, benchmarks, training) one after another in one process instead of one process each
+(``gpu_check_group.py``, :func:`run_group`; their limits added up). Parts that need CUDA are
+reported ``skipped`` with the reason under ``--device cpu``, without starting a process. On one
+H100-class GPU the per-part limits add up to under 8 minutes (:data:`LIMITS_S`, :data:`TOTAL_S`).
 Exit status: 0 when no part failed, 1 otherwise.
 """
 
@@ -57,6 +59,10 @@ PART_SCRIPTS = {
     ]
 }
 CUDA_ONLY = {"training": "no CUDA device (--device cpu)"}
+# --tiny: the parts whose script is GROUPED share one process (run_group); a part given another
+# script (a test's stand-in) runs alone
+GROUP_SCRIPT = Path(__file__).with_name("gpu_check_group.py")
+GROUPED = Path(__file__).with_name("gpu_check_parts.py")
 # Seconds per part on a GPU (full sizes) and with --tiny; a part never gets more than what is
 # left of TOTAL_S. The full limits add up to 465 s: under 8 minutes with process start-up.
 LIMITS_S = {
@@ -67,7 +73,8 @@ LIMITS_S = {
     "distributed": 45,
     "knn": 30,
 }
-# --tiny takes about 40 s of CPU on 2 cores (95 s wall under a load of 7); room for a busy CI
+# --tiny takes about 25 s of CPU on 2 cores (45 s wall under a load of 4); room for a busy CI.
+# The parts run_group runs together get the sum of their limits.
 TINY_LIMITS_S = {
     "environment": 60,
     "tests": 90,
@@ -91,18 +98,68 @@ def run_part(
         ``{"status", "reason", "seconds", "limit_s", "details", "markdown"}``: the part's
         ``result.json``, or a failure saying why there is none (time limit, crash).
     """
-    folder = out / "parts" / part
-    folder.mkdir(parents=True, exist_ok=True)
-    result_file = folder / "result.json"
-    result_file.unlink(missing_ok=True)
+    folder = part_folder(out, part)
     cmd = [python, str(PART_SCRIPTS[part]), part, "--device", device, "--out", str(folder)]
     # subprocesses of the part get the part's limit less a margin to write their result
-    cmd += ["--budget", str(max(1.0, limit_s - 10.0))] + (["--tiny"] if tiny else [])
+    cmd += ["--budget", str(budget(limit_s))] + (["--tiny"] if tiny else [])
+    code, timed_out, seconds = run_process(cmd, folder / "log.txt", limit_s)
+    if timed_out:
+        return failed(f"ran past its limit of {limit_s:g} s", seconds, limit_s)
+    return part_result(folder, folder / "log.txt", code, seconds, limit_s, late=None)
+
+
+def run_group(
+    parts: list[str],
+    device: str,
+    tiny: bool,
+    out: Path,
+    limits: dict[str, float],
+    limit_s: float,
+    python: str = sys.executable,
+) -> dict[str, dict]:
+    """``--tiny``: runs ``parts`` (parts of ``gpu_check_parts.py``, :data:`GROUPED`) one after
+    another in one process group (``gpu_check_group.py``), at most ``limit_s`` seconds in all;
+    each part gets the ``--budget`` of its own limit in ``limits``.
+
+    Returns:
+        ``{part: result}``, each as :func:`run_part` returns it (``seconds``: the part's own); a
+        part without ``result.json`` when the process ended fails, saying why.
+    """
+    folders = {part: part_folder(out, part) for part in parts}
+    log = out / "parts" / "group_log.txt"
+    cmd = [python, str(GROUP_SCRIPT), str(out), *(f"{p}={budget(limits[p])}" for p in parts)]
+    cmd += ["--device", device] + (["--tiny"] if tiny else [])
+    code, timed_out, seconds = run_process(cmd, log, limit_s)
+    late = f"ran past the limit of {limit_s:g} s of the process of {', '.join(parts)} (--tiny)"
+    return {
+        part: part_result(folder, log, code, seconds, limits[part], late if timed_out else None)
+        for part, folder in folders.items()
+    }
+
+
+def part_folder(out: Path, part: str) -> Path:
+    """``OUT/parts/PART``, made, without a ``result.json`` from an earlier run."""
+    folder = out / "parts" / part
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "result.json").unlink(missing_ok=True)
+    return folder
+
+
+def budget(limit_s: float) -> float:
+    """A part's ``--budget`` (for its subprocesses): its limit less a margin to write its
+    result."""
+    return max(1.0, limit_s - 10.0)
+
+
+def run_process(cmd: list, log: Path, limit_s: float) -> tuple[int | None, bool, float]:
+    """``cmd`` in its own process group with the repository on ``PYTHONPATH``, output into
+    ``log``, stopped (:func:`stop_group`) after ``limit_s`` seconds: ``(exit code, timed out,
+    seconds)``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     start = time.monotonic()
-    with open(folder / "log.txt", "w") as log:
+    with open(log, "w") as output:
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
             code = proc.wait(timeout=limit_s)
@@ -110,22 +167,41 @@ def run_part(
         except subprocess.TimeoutExpired:
             stop_group(proc)
             code, timed_out = proc.returncode, True
-    seconds = round(time.monotonic() - start, 1)
-    base = {"seconds": seconds, "limit_s": limit_s, "details": {}, "markdown": []}
-    if timed_out:
-        return {**base, "status": "fail", "reason": f"ran past its limit of {limit_s:g} s"}
+    return code, timed_out, round(time.monotonic() - start, 1)
+
+
+def part_result(
+    folder: Path, log: Path, code: int | None, seconds: float, limit_s: float, late: str | None
+) -> dict:
+    """The part's ``folder/result.json`` (its own ``seconds`` when it has them), or a failure:
+    ``late`` (the reason when the process ran past its limit), or the exit code and the tail of
+    ``log`` when there is no result, or a malformed result."""
+    result_file = folder / "result.json"
     if not result_file.is_file():
-        log_tail = "\n".join((folder / "log.txt").read_text().strip().splitlines()[-5:])
-        reason = f"exit code {code} and no result.json: {log_tail}"
-        return {**base, "status": "fail", "reason": reason}
+        if late:
+            return failed(late, seconds, limit_s)
+        log_tail = "\n".join(log.read_text().strip().splitlines()[-5:])
+        return failed(f"exit code {code} and no result.json: {log_tail}", seconds, limit_s)
     result = json.loads(result_file.read_text())
     missing = {"status", "reason", "details", "markdown"} - set(result)
     if missing or result["status"] not in STATUSES:
         reason = (
             f"malformed result.json (missing {sorted(missing)}, status {result.get('status')!r})"
         )
-        return {**base, "status": "fail", "reason": reason}
-    return {**base, **result}
+        return failed(reason, seconds, limit_s)
+    return {"seconds": seconds, "limit_s": limit_s, **result}
+
+
+def failed(reason: str, seconds: float, limit_s: float) -> dict:
+    """A failed part's result."""
+    return {
+        "status": "fail",
+        "reason": reason,
+        "seconds": seconds,
+        "limit_s": limit_s,
+        "details": {},
+        "markdown": [],
+    }
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -189,7 +265,11 @@ def markdown(report: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--tiny", action="store_true", help="toy sizes (CI on the CPU)")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="toy sizes (CI on the CPU); the parts of gpu_check_parts.py share one process",
+    )
     parser.add_argument("--out", required=True, type=Path, help="folder for the report")
     parser.add_argument(
         "--parts", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts"
@@ -207,14 +287,24 @@ def main(argv: list[str] | None = None) -> int:
         "complete": False,
         "parts": {},
     }
+    runnable = [p for p in args.parts if not (args.device == "cpu" and p in CUDA_ONLY)]
+    grouped = [p for p in PARTS if p in runnable and PART_SCRIPTS[p] == GROUPED]
+    done: dict[str, dict] = {}  # results of a --tiny group, reported part by part
     for part in PARTS:
         left = TOTAL_S - (time.monotonic() - start)
-        if part not in args.parts:
+        if part in done:
+            result = done.pop(part)
+        elif part not in args.parts:
             result = skipped("not selected (--parts)")
         elif args.device == "cpu" and part in CUDA_ONLY:
             result = skipped(CUDA_ONLY[part])
         elif left < MIN_PART_S:
             result = skipped(f"the total limit of {TOTAL_S:g} s was spent")
+        elif args.tiny and part in grouped and len(grouped) > 1:
+            limit = min(sum(limits[p] for p in grouped), left)
+            print(f"gpu_check: {', '.join(grouped)} (limit {limit:.0f} s) ...", flush=True)
+            done = run_group(grouped, args.device, args.tiny, args.out, limits, limit)
+            result = done.pop(part)
         else:
             print(f"gpu_check: {part} (limit {min(limits[part], left):.0f} s) ...", flush=True)
             result = run_part(part, args.device, args.tiny, args.out, min(limits[part], left))

@@ -41,8 +41,9 @@ def cpu_report(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return out, done
 
 
-# slow: about 40 s of CPU: 8 Python processes importing torch (torchrun and its 2 ranks among
-# them); --tiny runs the benchmark scripts and pytest inside their parts' processes
+# slow: about 25 s of CPU: 6 Python processes importing torch (torchrun and its 2 ranks among
+# them); --tiny runs environment, tests and benchmarks in one process, the benchmark scripts and
+# pytest inside it
 @pytest.mark.slow
 def test_gpu_check_cpu_tiny_reports_every_part(cpu_report):
     out, done = cpu_report
@@ -111,6 +112,42 @@ def test_a_part_past_its_limit_is_stopped_and_reported(tmp_path, monkeypatch):
     result = gpu_check.run_part("knn", "cpu", True, tmp_path, limit_s=1.0)
     assert result["status"] == "fail" and result["reason"] == "ran past its limit of 1 s"
     assert result["seconds"] < 30
+
+
+def test_a_tiny_group_past_its_limit_keeps_the_results_written_and_fails_the_rest(
+    tmp_path, monkeypatch
+):
+    # a stand-in for gpu_check_group.py: the first part's result with its seconds, then a hang
+    group = tmp_path / "group.py"
+    group.write_text(
+        "import json, sys, time\n"
+        "from pathlib import Path\n"
+        "out, first = Path(sys.argv[1]), sys.argv[2].split('=')[0]\n"
+        "result = {'status': 'pass', 'reason': None, 'details': {'argv': sys.argv[2:]}, "
+        "'markdown': [], 'seconds': 0.5}\n"
+        "(out / 'parts' / first / 'result.json').write_text(json.dumps(result))\n"
+        "print('first part done', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    monkeypatch.setattr(gpu_check, "GROUP_SCRIPT", group)
+    stale = tmp_path / "parts" / "tests" / "result.json"  # from an earlier run: not read
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"status": "pass", "reason": None, "details": {}, "markdown": []}))
+    limits = {"environment": 30, "tests": 40}
+    results = gpu_check.run_group(
+        ["environment", "tests"], "cpu", True, tmp_path, limits, limit_s=1.5
+    )
+    assert list(results) == ["environment", "tests"]
+    environment, tests = results["environment"], results["tests"]
+    assert environment["status"] == "pass" and environment["seconds"] == 0.5
+    # each part's --budget is its own limit less the margin for writing its result
+    assert environment["details"]["argv"][:2] == ["environment=20.0", "tests=30.0"]
+    assert environment["limit_s"] == 30 and tests["limit_s"] == 40
+    assert tests["status"] == "fail" and tests["reason"] == (
+        "ran past the limit of 1.5 s of the process of environment, tests (--tiny)"
+    )
+    assert tests["seconds"] < 30
+    assert "first part done" in (tmp_path / "parts" / "group_log.txt").read_text()
 
 
 def test_parse_pytest_reads_the_summary_and_failures():
