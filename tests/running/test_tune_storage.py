@@ -2,7 +2,7 @@
 
 The PostgreSQL test gets a database of its own on the session's private server (the
 ``postgres`` fixture, ``tests/running/conftest.py``); it is skipped, with the reason, where the
-PostgreSQL binaries are missing.
+PostgreSQL binaries are missing. The two tests of a killed tune share one (:func:`killed_tune`).
 """
 
 from __future__ import annotations
@@ -54,26 +54,19 @@ def test_postgresql_study_shared_by_two_workers(postgres, tmp_path):
 
 SLOW_TUNE = textwrap.dedent("""
     import sys
-    import torch
     from pml_rank_plugins.reporting.tune_report import run_tune
-    from pml_rank_plugins.running import tune as tuning
     from tests.running.test_tune import glyph_config
-    if sys.argv[2] == "in-process":  # the worker's own code, in this process (no spawn)
-        tuning._run_workers = lambda job, jobs: tuning._worker(job, 0, torch.get_num_threads(), {})
     cfg = glyph_config(epochs=40)
     cfg["methods"].pop("plugin FastAP")
     run_tune([cfg], sys.argv[1], trials=2)
     """)
 
 
-def start_slow_tune(out: Path, workers: str = "spawn") -> subprocess.Popen:
+def start_slow_tune(out: Path) -> subprocess.Popen:
     """:data:`SLOW_TUNE` into ``out`` in its own session, returned once its first trial wrote a
-    checkpoint (so it is in the middle of training). ``workers="in-process"``: the trial trains
-    in the tune process itself instead of a spawned worker (one Python start, 4-5 s of CPU, less;
-    killing the process group leaves the study and the run folder as with a worker: the trial
-    RUNNING, its recorded owner gone, its folder's lock free)."""
+    checkpoint (so it is in the middle of training)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", SLOW_TUNE, str(out), workers],
+        [sys.executable, "-c", SLOW_TUNE, str(out)],
         cwd=ROOT,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -89,16 +82,52 @@ def start_slow_tune(out: Path, workers: str = "spawn") -> subprocess.Popen:
     return proc
 
 
+@pytest.fixture(scope="module")
+def killed_tune(tmp_path_factory) -> dict:
+    """A real ``tune`` (:data:`SLOW_TUNE`, its trial in a spawned worker) killed with ``kill -9``
+    in the middle of its first trial: the parent only, as a user kills the command, so the
+    worker has to die with it (:mod:`pml_rank_plugins.running.parent`).
+
+    Shared by the two tests below (one Python start with its worker, about 10 s of CPU, for
+    both; under ``make test`` they run on one xdist worker): what the kill did, recorded here
+    as it happened (``out``, ``parent`` pid, the trial as stored before the kill, whether the
+    worker was alive before the kill and still alive 5 s after it), is what
+    :func:`test_kill_9_of_tune_leaves_no_worker_behind` checks; the study and folder it left are
+    what :func:`test_a_killed_tune_continues_the_trial_in_progress` continues (the only test
+    that changes them).
+    """
+    out = tmp_path_factory.mktemp("killed_tune") / "t"
+    proc = start_slow_tune(out)
+    try:
+        storage = tuning.default_storage(out)
+        (trial,) = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
+        worker = trial.user_attrs["pid"]
+        alive_before = pid_alive(worker)
+        proc.kill()  # the parent only, not its process group
+        proc.wait()
+        deadline = time.time() + 5
+        while pid_alive(worker) and time.time() < deadline:
+            time.sleep(0.1)
+        alive_after = pid_alive(worker)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # a worker that outlived it: the test says so
+    return {
+        "out": out,
+        "parent": proc.pid,
+        "trial": trial,
+        "worker_alive_before_the_kill": alive_before,
+        "worker_alive_5_s_after_the_kill": alive_after,
+    }
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("killed_tune")
 @pytest.mark.usefixtures("workers_in_process", "png_plots_only")
-def test_a_killed_tune_continues_the_trial_in_progress(tmp_path):
-    # a real process killed in the middle of a trial; what is under test is what the next tune
-    # makes of the study and folder it left (the kill of a tune with a spawned worker:
-    # test_kill_9_of_tune_leaves_no_worker_behind), so both tunes train in their own process
-    out = tmp_path / "t"
-    proc = start_slow_tune(out, workers="in-process")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+def test_a_killed_tune_continues_the_trial_in_progress(killed_tune):
+    # what is under test is what the next tune makes of the study and folder a killed one left,
+    # so the next tune trains in this process (the worker's own code)
+    out = killed_tune["out"]
     storage = tuning.default_storage(out)
     running = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
     assert [t.state for t in running] == [TrialState.RUNNING]
@@ -129,22 +158,13 @@ def test_a_killed_tune_continues_the_trial_in_progress(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_of_tune_leaves_no_worker_behind(tmp_path):
+@pytest.mark.xdist_group("killed_tune")
+def test_kill_9_of_tune_leaves_no_worker_behind(killed_tune):
     # Audit 3 item 2: the spawned worker trained on, orphaned, after its parent was killed.
-    out = tmp_path / "t"
-    proc = start_slow_tune(out)
-    try:
-        storage = tuning.default_storage(out)
-        (trial,) = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
-        worker = trial.user_attrs["pid"]
-        assert worker != proc.pid and pid_alive(worker)
-        assert trial.user_attrs["run_dir"] == str((out / "PML_Contrastive" / "trial0").resolve())
-        proc.kill()  # the parent only, not its process group
-        proc.wait()
-        deadline = time.time() + 5
-        while pid_alive(worker) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not pid_alive(worker), "the tune worker outlived its parent by 5 s"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    # The kill and the 5 s wait are killed_tune's, recorded as they happened.
+    out, trial = killed_tune["out"], killed_tune["trial"]
+    worker = trial.user_attrs["pid"]
+    assert worker != killed_tune["parent"] and killed_tune["worker_alive_before_the_kill"]
+    assert trial.user_attrs["run_dir"] == str((out / "PML_Contrastive" / "trial0").resolve())
+    outlived = killed_tune["worker_alive_5_s_after_the_kill"]
+    assert not outlived, "the tune worker outlived its parent by 5 s"
