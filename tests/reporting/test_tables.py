@@ -13,7 +13,11 @@ from statsmodels.stats.power import TTestPower
 from pml_rank_plugins.experiment.schema import ConfigError
 from pml_rank_plugins.reporting.summary import summarize
 from pml_rank_plugins.reporting.tables import markdown_table, verdict, write_csv
+from tests.gc_free import no_gc_collect  # noqa: F401 -- the fixture, used below
 from tests.reporting.synthetic import synthetic_results
+
+# statsmodels' Holm adjustment runs a full gc.collect() per call: skipped (tests/gc_free.py)
+pytestmark = pytest.mark.usefixtures("no_gc_collect")
 
 
 def _after_table(text: str) -> str:
@@ -79,7 +83,6 @@ def test_holm_decides_the_verdict_not_the_uncorrected_interval():
     assert " * |" in line and line.endswith(f"| inconclusive (MDD {100 * effect * sd:.2f}) |")
 
 
-@pytest.mark.slow
 def test_equivalence_needs_a_declared_margin():
     rng = np.random.default_rng(1)
     ref = list(0.5 + 0.01 * rng.standard_normal(10))
@@ -104,7 +107,6 @@ def test_equivalence_needs_a_declared_margin():
     assert tight["p_tost"] > 0.05 and tight["verdict"].startswith("inconclusive")
 
 
-@pytest.mark.slow
 def test_a_real_difference_inside_the_margin_reads_both():
     ref = [0.50, 0.52, 0.49, 0.51, 0.53, 0.50, 0.48, 0.52, 0.51, 0.50]
     pattern = np.array([-1.0, 1.0] * 5) * 0.001
