@@ -2,19 +2,25 @@
 measurement helpers keep best times and largest peaks.
 
 The scripts run with ``--smoke`` (every case once, in the script's own process: one interpreter
-start per script instead of one or two per case and round); one test runs the normal
-subprocess-per-case path, and :func:`measure_in_child` is checked directly in both modes.
-Runs with the same arguments are shared within a test process (:func:`smoke`): one run of each
+start per script instead of one or two per case and round), as ``__main__`` in this test process
+(:func:`smoke`: torch, PML and the package are imported here already); ``bench_distributed.py``
+(its smoke run forks its ranks) runs as its own process, and one test runs the normal
+subprocess-per-case path as the scripts' users do. :func:`measure_in_child` is checked directly
+in both modes. Runs with the same arguments are shared within a test process: one run of each
 pairwise script (two sizes, under a competing load) serves every test that reads its table, and
 those tests share an xdist group so that ``make test`` (``--dist loadgroup``) runs it once."""
 
 import argparse
+import contextlib
 import functools
+import gc
+import io
 import os
 import re
 import runpy
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,10 +57,30 @@ def run_script(name: str, *args: str) -> str:
 
 @functools.cache
 def smoke(name: str, *args: str) -> str:
-    """``name *args --smoke``'s output; a second call with the same arguments reuses it."""
-    out = run_script(name, *args, "--smoke")
-    assert out.startswith(SMOKE_NOTE)
-    return out
+    """``python benchmarks/name *args --smoke``'s output, the script run as ``__main__`` in this
+    process (``runpy``); a second call with the same arguments reuses it.
+
+    What a script changes in its process is restored: ``sys.argv``, torch's thread count
+    (``--threads``) and random state, and the objects ``_measure.collect_garbage`` froze (a
+    collection then frees the script's last case, DataLoader workers included). A script that
+    fails raises here, or exits with a non-zero status (``pytest.fail`` with it)."""
+    script = BENCHMARKS / name
+    saved = sys.argv, torch.get_num_threads(), torch.random.get_rng_state()
+    sys.argv = [str(script), *args, "--smoke"]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exited:  # `sys.exit(main())`: None when it ran through
+        if exited.code not in (None, 0):
+            pytest.fail(f"{name} {' '.join(args)} --smoke exited with {exited.code!r}")
+    finally:
+        sys.argv = saved[0]
+        torch.set_num_threads(saved[1])
+        torch.random.set_rng_state(saved[2])
+        gc.unfreeze()
+        gc.collect()
+    assert out.getvalue().startswith(SMOKE_NOTE)
+    return out.getvalue()
 
 
 def table_rows(output: str) -> list[list[str]]:
@@ -154,7 +180,15 @@ def test_measure_in_child_times_one_child_and_takes_the_peak_from_a_second(tmp_p
     assert two == {"time": 7.0, "peak": int(LOW_MMAP_THRESHOLD["MALLOC_MMAP_THRESHOLD_"])}
 
 
-def test_smoke_measures_each_case_once_in_this_process_with_its_own_peak():
+@pytest.fixture
+def gc_unfrozen_after() -> Iterator[None]:
+    """``gc.unfreeze()`` after the test: a smoke or in-process measurement freezes this process's
+    objects (``_measure.collect_garbage``)."""
+    yield
+    gc.unfreeze()
+
+
+def test_smoke_measures_each_case_once_in_this_process_with_its_own_peak(gc_unfrozen_after):
     calls = []
 
     def run_case(case, size, warmup, repeats, threads):
@@ -225,7 +259,6 @@ def test_bench_ranked_list_prints_one_row_per_size():
     assert "PML skipped above N=32" in out
 
 
-@pytest.mark.slow
 def test_bench_memory_bank_toy_size_prints_every_case():
     out = smoke(
         "bench_memory_bank.py",
@@ -328,7 +361,9 @@ def test_run_json_reports_a_failing_child():
 
 @pytest.mark.slow  # 2 of the 4 cases spawn 2 gloo processes (about 15 s of CPU)
 def test_bench_distributed_prints_four_cases_and_ratios():
-    out = smoke("bench_distributed.py", "--batch", "16", "--chunk", "4")
+    # its own process: the smoke run forks the 2-process cases' ranks (see bench_distributed.py)
+    out = run_script("bench_distributed.py", "--batch", "16", "--chunk", "4", "--smoke")
+    assert out.startswith(SMOKE_NOTE)
     rows = table_rows(out)
     assert [row[0] for row in rows] == ["plain R=1", "plain R=2", "chunked R=1", "chunked R=2"]
     assert [row[2] for row in rows] == ["16", "8", "16", "8"]
