@@ -22,8 +22,6 @@ from pathlib import Path
 from pytorch_metric_learning.losses import ContrastiveLoss
 
 from pml_rank_plugins.experiment import registry
-from pml_rank_plugins.reporting.compare import run_comparison
-from pml_rank_plugins.reporting.sweep import run_sweep
 from pml_rank_plugins.running import distributed
 from pml_rank_plugins.running.pool import execute, make_jobs
 from tests.tiny import tiny_config
@@ -61,6 +59,8 @@ registry.register("SlowLoss", SlowLoss)
 
 
 def stuck(root: Path) -> int:
+    from pml_rank_plugins.reporting.compare import run_comparison  # not in the orphan's processes
+
     cfg = tiny_config(loss_funcs={"metric_loss": {"StopOnRank1Loss": {}}}, **FAST)
     t0 = time.monotonic()
     try:
@@ -73,6 +73,9 @@ def stuck(root: Path) -> int:
 
 
 def writers(root: Path) -> int:
+    from pml_rank_plugins.reporting.compare import run_comparison
+    from pml_rank_plugins.reporting.sweep import run_sweep
+
     written: list[str] = []
     prefix = str(root)
 
