@@ -24,9 +24,10 @@ every part (a run cut short still leaves what it found):
 ``--tiny`` uses toy sizes (N = 64, 128; a few test files; two training iterations) so CI runs
 the same script on the CPU in well under a minute (``tests/test_gpu_check.py``); it runs the
 benchmark scripts and pytest inside their part's process (toy sizes are not timed; a full run
-gives each a fresh process), and the selected parts of ``gpu_check_parts.py`` (environment,
-tests, benchmarks, training) one after another in one process instead of one process each
-(``gpu_check_group.py``, :func:`run_group`; their limits added up). Parts that need CUDA are
+gives each a fresh process), and the selected parts one after another in one process instead of
+one process each (``gpu_check_group.py``, :func:`run_group`: their limits added up, their results
+reported when that process ends; the processes a part starts itself, ``torchrun`` and its ranks,
+are still started). Parts that need CUDA are
 reported ``skipped`` with the reason under ``--device cpu``, without starting a process. On one
 H100-class GPU the per-part limits add up to under 8 minutes (:data:`LIMITS_S`, :data:`TOTAL_S`).
 Exit status: 0 when no part failed, 1 otherwise.
@@ -59,10 +60,10 @@ PART_SCRIPTS = {
     ]
 }
 CUDA_ONLY = {"training": "no CUDA device (--device cpu)"}
-# --tiny: the parts whose script is GROUPED share one process (run_group); a part given another
-# script (a test's stand-in) runs alone
+# --tiny: the parts share one process (run_group; gpu_check_group.py imports these scripts); a
+# part given another script in PART_SCRIPTS (a test's stand-in) runs alone
 GROUP_SCRIPT = Path(__file__).with_name("gpu_check_group.py")
-GROUPED = Path(__file__).with_name("gpu_check_parts.py")
+GROUPED = dict(PART_SCRIPTS)
 # Seconds per part on a GPU (full sizes) and with --tiny; a part never gets more than what is
 # left of TOTAL_S. The full limits add up to 465 s: under 8 minutes with process start-up.
 LIMITS_S = {
@@ -73,7 +74,7 @@ LIMITS_S = {
     "distributed": 45,
     "knn": 30,
 }
-# --tiny takes about 25 s of CPU on 2 cores (45 s wall under a load of 4); room for a busy CI.
+# --tiny takes about 20 s of CPU on 2 cores (40 s wall under a load of 8); room for a busy CI.
 # The parts run_group runs together get the sum of their limits.
 TINY_LIMITS_S = {
     "environment": 60,
@@ -117,9 +118,9 @@ def run_group(
     limit_s: float,
     python: str = sys.executable,
 ) -> dict[str, dict]:
-    """``--tiny``: runs ``parts`` (parts of ``gpu_check_parts.py``, :data:`GROUPED`) one after
-    another in one process group (``gpu_check_group.py``), at most ``limit_s`` seconds in all;
-    each part gets the ``--budget`` of its own limit in ``limits``.
+    """``--tiny``: runs ``parts`` one after another in one process group (``gpu_check_group.py``,
+    which imports their scripts, :data:`GROUPED`), at most ``limit_s`` seconds in all; each part
+    gets the ``--budget`` of its own limit in ``limits``.
 
     Returns:
         ``{part: result}``, each as :func:`run_part` returns it (``seconds``: the part's own); a
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tiny",
         action="store_true",
-        help="toy sizes (CI on the CPU); the parts of gpu_check_parts.py share one process",
+        help="toy sizes (CI on the CPU); the parts run in one process",
     )
     parser.add_argument("--out", required=True, type=Path, help="folder for the report")
     parser.add_argument(
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         "parts": {},
     }
     runnable = [p for p in args.parts if not (args.device == "cpu" and p in CUDA_ONLY)]
-    grouped = [p for p in PARTS if p in runnable and PART_SCRIPTS[p] == GROUPED]
+    grouped = [p for p in PARTS if p in runnable and PART_SCRIPTS[p] == GROUPED[p]]
     done: dict[str, dict] = {}  # results of a --tiny group, reported part by part
     for part in PARTS:
         left = TOTAL_S - (time.monotonic() - start)

@@ -41,9 +41,8 @@ def cpu_report(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return out, done
 
 
-# slow: about 25 s of CPU: 6 Python processes importing torch (torchrun and its 2 ranks among
-# them); --tiny runs environment, tests and benchmarks in one process, the benchmark scripts and
-# pytest inside it
+# slow: about 20 s of CPU: 4 Python processes importing torch (torchrun and its 2 ranks among
+# them); --tiny runs every part in one process, the benchmark scripts and pytest inside it
 @pytest.mark.slow
 def test_gpu_check_cpu_tiny_reports_every_part(cpu_report):
     out, done = cpu_report
