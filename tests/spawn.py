@@ -11,10 +11,30 @@ as usual, with a warning that names the abort; any other failure is raised as be
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
+import multiprocessing.forkserver
 import warnings
 from pathlib import Path
 
 import torch.multiprocessing as mp
+
+# The ranks are forked from one forkserver per test process, which imports these modules once
+# (4 s of CPU) instead of every rank importing them anew as under "spawn" (a pair of ranks: 9.4 s
+# of CPU with "spawn", 5.7 s with the forkserver, and 2.6 s for each further pair). The server is
+# a fresh process that only imported them (no threads, no process group) when it forks a rank.
+PRELOAD = ["torch", "torch.distributed", "pytorch_metric_learning", "pml_rank_plugins.running"]
+
+
+def _stop_forkserver() -> None:
+    """Stop and reap the forkserver at exit, so that its CPU time and that of the ranks it forked
+    count in the test process's children (``/usr/bin/time``, ``RUSAGE_CHILDREN``)."""
+    server = multiprocessing.forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is not None:
+        server._stop()
+
+
+atexit.register(_stop_forkserver)
 
 
 def _marker(prefix: str, rank: int) -> Path:
@@ -27,14 +47,17 @@ def torn_down(prefix: str, rank: int) -> None:
 
 
 def spawn_two(worker, args: tuple, prefix: str) -> None:
-    """``mp.spawn(worker, args=args, nprocs=2, join=True)``; see the module docstring.
+    """``mp.spawn(worker, args=args, nprocs=2, join=True)`` with the forkserver start method
+    (:data:`PRELOAD`); see the module docstring.
 
     Raises:
         torch.multiprocessing.ProcessExitedException: a rank failed, or was killed before both
             ranks called :func:`torn_down`.
     """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # takes effect when the server starts: the first call
     try:
-        mp.spawn(worker, args=args, nprocs=2, join=True)
+        mp.start_processes(worker, args=args, nprocs=2, join=True, start_method="forkserver")
     except mp.ProcessExitedException as error:
         if error.signal_name != "SIGABRT" or not all(
             _marker(prefix, rank).exists() for rank in range(2)
