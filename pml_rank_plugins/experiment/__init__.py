@@ -30,12 +30,13 @@ from .registry import (
 from .schema import ConfigError, dump_yaml, load_config, load_yaml, validate
 from .search_space import Param, check_tune_config, method_space
 from .shipped import resolve_config, shipped_configs
-from .spec import EvalSettings, Protocol, RunSpec, TrainerSpec
+from .spec import EvalSettings, PictureSettings, Protocol, RunSpec, TrainerSpec
 
 __all__ = [
     "ENV_VAR",
     "ConfigError",
     "EvalSettings",
+    "PictureSettings",
     "Experiment",
     "Param",
     "Protocol",
