@@ -21,7 +21,6 @@ import pytest
 from pml_rank_plugins.cli import main
 from pml_rank_plugins.experiment.schema import dump_yaml
 from pml_rank_plugins.reporting.summary import summarize_dir
-from tests.gc_free import gc_collect_skipped
 from tests.lock_holder import hold_lock
 from tests.tiny import tiny_config
 
@@ -136,10 +135,9 @@ def busy_compare(tmp_path_factory) -> dict:
     holder = hold_lock(out / "A" / "seed0")
     try:
         before = tree(out / "A" / "seed0")
-        with gc_collect_skipped():  # statsmodels' Holm: a gc.collect() per call (tests/gc_free.py)
-            rc, err = _main_stderr(
-                ["compare", str(base / "C.yaml"), "--out", str(out), "--resume", "--no-pictures"]
-            )
+        rc, err = _main_stderr(
+            ["compare", str(base / "C.yaml"), "--out", str(out), "--resume", "--no-pictures"]
+        )
         after = tree(out / "A" / "seed0")
     finally:
         holder.kill()

@@ -13,11 +13,7 @@ import pytest
 from pml_rank_plugins.cli import main
 from pml_rank_plugins.cli_args import build_parser as _parser
 from pml_rank_plugins.experiment.schema import dump_yaml
-from tests.gc_free import no_gc_collect  # noqa: F401 -- the fixture, used below
 from tests.tiny import tiny_config
-
-# statsmodels' Holm adjustment runs a full gc.collect() per call: skipped (tests/gc_free.py)
-pytestmark = pytest.mark.usefixtures("no_gc_collect")
 
 
 @pytest.fixture

@@ -32,14 +32,27 @@ def probe_values(param: Param) -> list[Any]:
 
 def check_space_values(config: Mapping, method: str) -> None:
     """Raise :class:`ConfigError` naming the method, the key and the value when a value of the
-    method's ``tune.space`` makes a config that does not validate or build."""
+    method's ``tune.space`` makes a config that does not validate or build.
+
+    The models are built once per method and shared by every probed value that leaves the
+    ``models`` section (and the data root of weight files) as it is: building a trunk is most of
+    a probe's cost (a ResNet-50 with its weights file, once per value before), and the
+    optimizers and schedulers built over them are thrown away."""
     cpu = torch.device("cpu")
+    shared: dict | None = None
     for path, param in method_space(config, method, require=False).items():
         for value in probe_values(param):
             cfg = apply_params(config, {path: value})
             try:
                 validate(cfg)
-                models = builder.build_models(cfg, cpu)
+                same = cfg["models"] == config["models"] and cfg.get("data_root") == config.get(
+                    "data_root"
+                )
+                if not same:
+                    models = builder.build_models(cfg, cpu)
+                else:
+                    shared = shared or builder.build_models(cfg, cpu)
+                    models = shared
                 losses, _ = builder.build_losses_and_miners(cfg, cpu)
                 optimizers = builder.build_optimizers(cfg, models, losses)
                 builder.build_lr_schedulers(cfg, optimizers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pml_rank_plugins.experiment import builder
 from pml_rank_plugins.experiment.methods import collect_methods
 from pml_rank_plugins.experiment.schema import ConfigError
 from pml_rank_plugins.experiment.search_space import Param, check_tune_config
@@ -74,3 +75,16 @@ def test_sampler_values_tune_cannot_use_are_refused(sampler):
     cfg = fastap(sampler=sampler)
     with pytest.raises(ConfigError, match="tune.sampler"):
         check_tune_config(cfg, FASTAP)
+
+
+def test_models_are_built_once_unless_the_value_changes_them(monkeypatch):
+    built = []
+    real = builder.build_models
+    monkeypatch.setattr(builder, "build_models", lambda cfg, dev: built.append(1) or real(cfg, dev))
+    # the shipped space: lr (3 probes) and num_bins (3 probes), none under models.
+    check_space_values(fastap(), FASTAP)
+    assert len(built) == 1
+    built.clear()
+    # embedding_dim 4, 5, 6 (the config has 8): three builds; lr's probes share a fourth
+    check_space_values(fastap({"models.trunk.ConvEmbedder.embedding_dim": {"int": [4, 6]}}), FASTAP)
+    assert len(built) == 3 + 1

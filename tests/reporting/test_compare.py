@@ -23,13 +23,11 @@ from pml_rank_plugins.experiment import registry
 from pml_rank_plugins.experiment.schema import dump_yaml
 from pml_rank_plugins.reporting import compare
 from pml_rank_plugins.running import RunFolderError, runner
-from tests.gc_free import gc_collect_skipped, no_gc_collect  # noqa: F401 -- fixture
 from tests.tiny import tiny_config
 
 # the tests of this module share one module-scoped fixture: under `-n 2 --dist loadgroup`
 # (make test) they run on one worker, so the fixture is built once
-# statsmodels' Holm adjustment runs a full gc.collect() per call: skipped (tests/gc_free.py)
-pytestmark = [pytest.mark.xdist_group("compare_finished"), pytest.mark.usefixtures("no_gc_collect")]
+pytestmark = pytest.mark.xdist_group("compare_finished")
 
 
 class CrashingLoss(ContrastiveLoss):
@@ -83,15 +81,14 @@ def finished(tmp_path_factory) -> tuple[Path, dict]:
     its folder and summary, trained once for the module (read it, or copy it first)."""
     base = tmp_path_factory.mktemp("finished")
     dump_yaml(two_methods(), base / "two.yaml")
-    with gc_collect_skipped():
-        summary = compare.run_comparison(
-            base / "two.yaml",
-            base / "cmp",
-            seeds=2,
-            overrides=FAST[1::2],
-            reference="MultiSimilarity",
-            pictures=False,
-        )
+    summary = compare.run_comparison(
+        base / "two.yaml",
+        base / "cmp",
+        seeds=2,
+        overrides=FAST[1::2],
+        reference="MultiSimilarity",
+        pictures=False,
+    )
     return base / "cmp", summary
 
 

@@ -23,13 +23,11 @@ from pytorch_metric_learning.testers import base_tester
 from pml_rank_plugins.functional import ranked_average_precision
 from pml_rank_plugins.reporting import compare, retrieval, retrieval_grid, style
 from pml_rank_plugins.running.load import embed, load_run, save_embeddings
-from tests.gc_free import gc_collect_skipped, no_gc_collect  # noqa: F401 -- fixture
 from tests.tiny import TinyDataset, tiny_config
 
 # the picture tests share one drawn comparison (module fixture :func:`drawn`) and the others one
 # comparison without pictures (:func:`undrawn`): one xdist group builds each once per worker
-# statsmodels' Holm adjustment runs a full gc.collect() per call: skipped (tests/gc_free.py)
-pytestmark = [pytest.mark.xdist_group("retrieval_drawn"), pytest.mark.usefixtures("no_gc_collect")]
+pytestmark = pytest.mark.xdist_group("retrieval_drawn")
 FAST = ["trainer.iterations_per_epoch=2", "trainer.num_epochs=1"]
 
 
@@ -61,8 +59,7 @@ def drawn(tmp_path_factory) -> tuple[Path, dict, str]:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-        with gc_collect_skipped():
-            summary = compare.run_comparison(two_methods(), out, overrides=FAST)
+        summary = compare.run_comparison(two_methods(), out, overrides=FAST)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
@@ -87,8 +84,7 @@ def undrawn(tmp_path_factory) -> tuple[Path, dict]:
     """``compare`` of :func:`one_method` with ``pictures=False``: its folder and summary. Read it,
     or copy the folder first."""
     out = tmp_path_factory.mktemp("undrawn") / "cmp"
-    with gc_collect_skipped():
-        return out, compare.run_comparison(one_method(), out, overrides=FAST, pictures=False)
+    return out, compare.run_comparison(one_method(), out, overrides=FAST, pictures=False)
 
 
 def test_average_precision_by_hand():

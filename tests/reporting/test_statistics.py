@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
 
 from pml_rank_plugins.reporting import statistics as st
 
@@ -133,6 +134,15 @@ def test_holm_by_hand():
     assert st.holm([0.5, 0.6]) == [1.0, 1.0]  # capped at 1
     assert st.holm([0.02]) == [0.02]  # a family of one is not adjusted
     assert st.holm([]) == [] and st.holm([None]) == [None]
+
+
+def test_holm_equals_statsmodels_multipletests_with_ties_and_ones():
+    rng = np.random.default_rng(5)
+    families = [list(rng.uniform(0, 0.3, size=k)) for k in (1, 2, 3, 7, 12)]
+    families += [[0.01, 0.01, 0.04, 0.04], [1.0, 0.5, 0.0], [0.2] * 5]
+    for ps in families:
+        expected = multipletests(ps, alpha=0.05, method="holm")[1]
+        assert st.holm(ps) == pytest.approx(list(expected), abs=1e-15)
 
 
 def test_holm_matches_the_definition_on_random_families():

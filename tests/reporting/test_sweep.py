@@ -13,12 +13,8 @@ from pml_rank_plugins.experiment.schema import ConfigError, dump_yaml
 from pml_rank_plugins.reporting import sweep
 from pml_rank_plugins.running import runner
 from pml_rank_plugins.running.run_folder import RunFolderError
-from tests.gc_free import no_gc_collect  # noqa: F401 -- the fixture, used below
 from tests.reporting.test_compare import CrashingLoss  # noqa: F401 -- registers CrashingLoss
 from tests.tiny import tiny_config
-
-# statsmodels' Holm adjustment runs a full gc.collect() per call: skipped (tests/gc_free.py)
-pytestmark = pytest.mark.usefixtures("no_gc_collect")
 
 FAST = ["--set", "trainer.iterations_per_epoch=2", "--set", "trainer.num_epochs=1"]
 

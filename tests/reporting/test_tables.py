@@ -13,11 +13,7 @@ from statsmodels.stats.power import TTestPower
 from pml_rank_plugins.experiment.schema import ConfigError
 from pml_rank_plugins.reporting.summary import summarize
 from pml_rank_plugins.reporting.tables import markdown_table, verdict, write_csv
-from tests.gc_free import no_gc_collect  # noqa: F401 -- the fixture, used below
 from tests.reporting.synthetic import synthetic_results
-
-# statsmodels' Holm adjustment runs a full gc.collect() per call: skipped (tests/gc_free.py)
-pytestmark = pytest.mark.usefixtures("no_gc_collect")
 
 
 def _after_table(text: str) -> str:

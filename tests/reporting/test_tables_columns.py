@@ -14,10 +14,6 @@ from statsmodels.stats.multitest import multipletests
 
 from pml_rank_plugins.reporting.summary import summarize
 from pml_rank_plugins.reporting.tables import markdown_table, write_csv
-from tests.gc_free import no_gc_collect  # noqa: F401 -- the fixture, used below
-
-# statsmodels' Holm adjustment runs a full gc.collect() per call: skipped (tests/gc_free.py)
-pytestmark = pytest.mark.usefixtures("no_gc_collect")
 
 MAPR, P1, RP = "mean_average_precision_at_r", "precision_at_1", "r_precision"
 SEEDS = 8

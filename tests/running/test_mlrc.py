@@ -21,7 +21,6 @@ from pml_rank_plugins.experiment.schema import ConfigError, dump_yaml, load_yaml
 from pml_rank_plugins.running import mlrc, runner
 from pml_rank_plugins.running.run_folder import RunFolderBusy, RunFolderError
 from tests.data.benchmark_fixtures import write_cub
-from tests.gc_free import no_gc_collect  # noqa: F401 -- the fixture, used below
 
 GLYPHS = {
     "GlyphDataset": {
@@ -240,7 +239,6 @@ def test_missing_weights_file_names_key_and_file(tmp_path):
     assert "Nothing is downloaded" in text
 
 
-@pytest.mark.usefixtures("no_gc_collect")  # statsmodels' Holm: a gc.collect() per call
 def test_compare_table_shows_concatenated_and_separated():
     runs = {
         name: {
