@@ -1,14 +1,7 @@
 """Every config in pml_rank_plugins/experiment/configs/benchmarks/: `pml-rank check` passes on a fixture tree
 in the dataset's published format (with a ResNet-50 weights file where the config expects it), and
 one training iteration + the configured evaluation run end to end with the trunk swapped for a
-small convnet via --set.
-
-The check builds the configs' ResNet-50 once per method and once per value of every tune-space
-dimension (``check_space_values``): 40 ResNet-50s for an MLRC config. Each one's random Kaiming
-initialisation (two passes of a random number generator over 23.5M weights, about 0.45 s of CPU,
-80% of the check) is overwritten by the weights file right after (``load_resnet_weights``), so
-the check test skips drawing it (:func:`kaiming_without_draw`); everything else is built and
-loaded as ``pml-rank check`` does."""
+small convnet via --set."""
 
 from __future__ import annotations
 
@@ -17,7 +10,6 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 from pml_rank_plugins import cli
 from pml_rank_plugins.experiment.schema import expand_methods, load_yaml
@@ -30,35 +22,6 @@ NAMES = sorted(WRITERS)
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
     return write_all(tmp_path_factory.mktemp("data"))
-
-
-def kaiming_without_draw(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
-    """``torch.nn.init.kaiming_*_`` without the random draw: the arguments are checked as torch
-    checks them (the fan of ``tensor`` for ``mode``, the gain of ``nonlinearity``), and the
-    tensor is zeroed instead of filled with random numbers."""
-    torch.nn.init._calculate_correct_fan(tensor, mode)  # noqa: SLF001 -- torch's own check
-    torch.nn.init.calculate_gain(nonlinearity, a)
-    with torch.no_grad():
-        return tensor.zero_()
-
-
-@pytest.fixture
-def no_random_kaiming_init(monkeypatch):
-    """The ResNet-50 weights the check builds are replaced by the weights file: skip drawing
-    their random initial values (torchvision's ResNet and torch's Conv2d/Linear call these two
-    through ``torch.nn.init``)."""
-    monkeypatch.setattr(torch.nn.init, "kaiming_normal_", kaiming_without_draw)
-    monkeypatch.setattr(torch.nn.init, "kaiming_uniform_", kaiming_without_draw)
-
-
-def test_kaiming_without_draw_checks_the_arguments_as_torch_does():
-    weight = torch.ones(4, 3, 2, 2)
-    assert kaiming_without_draw(weight, mode="fan_out", nonlinearity="relu") is weight
-    assert not weight.any()
-    with pytest.raises(ValueError, match="Mode"):
-        kaiming_without_draw(weight, mode="fan_middle")
-    with pytest.raises(ValueError, match="nonlinearity"):
-        kaiming_without_draw(weight, nonlinearity="swish")
 
 
 def test_the_benchmark_folder_holds_exactly_the_documented_configs():
@@ -74,7 +37,7 @@ def test_config_header_names_its_sources(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-def test_check_passes_on_published_format_fixtures(name, data_root, capsys, no_random_kaiming_init):
+def test_check_passes_on_published_format_fixtures(name, data_root, capsys):
     assert cli.main(["check", str(BENCHMARKS / name), "--data-root", str(data_root)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     methods = expand_methods(load_yaml(BENCHMARKS / name), default_name=Path(name).stem)

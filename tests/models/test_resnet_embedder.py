@@ -4,6 +4,7 @@ import pytest
 import torch
 import torchvision
 
+from pml_rank_plugins import models
 from pml_rank_plugins.models import ResNetEmbedder
 
 
@@ -67,3 +68,37 @@ def test_in_channels_stem():
     assert model.trunk.net.conv1.in_channels == 1
     with torch.no_grad():
         assert model(torch.rand(2, 1, 32, 32)).shape == (2, 4)
+
+
+@pytest.mark.parametrize("cls", ["ResNetEmbedder", "ResNetTrunk"])
+def test_a_weights_file_is_assigned_without_drawing_a_random_init(tmp_path, monkeypatch, cls):
+    torch.manual_seed(2)
+    state = torchvision.models.resnet18(weights=None).state_dict()
+    torch.save(state, tmp_path / "r18.pt")
+    drawn = []
+    real = torch.nn.init.kaiming_normal_
+
+    def spy(tensor, *args, **kwargs):  # torchvision initializes; on meta tensors nothing is drawn
+        drawn.append(not tensor.is_meta)
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.init, "kaiming_normal_", spy)
+    model = getattr(models, cls)(depth=18, weights_path=tmp_path / "r18.pt")
+    assert drawn and not any(drawn)  # nothing drawn only to be overwritten
+    net = model.trunk.net if cls == "ResNetEmbedder" else model.body.net
+    tensors = dict(net.named_parameters()) | dict(net.named_buffers())
+    assert not any(t.is_meta for t in tensors.values())
+    assert all(torch.equal(tensors[k], v) for k, v in state.items() if not k.startswith("fc."))
+    assert all(p.requires_grad and isinstance(p, torch.nn.Parameter) for p in net.parameters())
+    model(torch.rand(2, 3, 32, 32)).sum().backward()  # trainable
+    assert net.conv1.weight.grad is not None
+    getattr(models, cls)(depth=18)  # without a file the random init is drawn as before
+    assert any(drawn)
+
+
+def test_a_file_that_lacks_a_tensor_is_refused_naming_it(tmp_path):
+    state = torchvision.models.resnet18(weights=None).state_dict()
+    state.pop("layer1.0.bn1.running_mean")
+    torch.save(state, tmp_path / "r18.pt")
+    with pytest.raises(ValueError, match="running_mean"):
+        ResNetEmbedder(depth=18, weights_path=tmp_path / "r18.pt")
