@@ -28,7 +28,11 @@ def test_two_method_compare_validates_twice_and_reads_yaml_once(tmp_path, monkey
     monkeypatch.setattr(schema, "load_yaml", counting("yaml", schema.load_yaml))
     monkeypatch.setattr(spec, "load_yaml", counting("yaml", spec.load_yaml))
     monkeypatch.setattr(builder, "build_models", counting("models", builder.build_models))
-    cfg = tiny_config(trainer={"MetricLossOnly": {"num_epochs": 1}})
+    # small pictures: drawn (what is counted), without spending seconds on tiles and PDFs
+    cfg = tiny_config(
+        trainer={"MetricLossOnly": {"num_epochs": 1}},
+        eval={"pictures": {"num_queries": 2, "k": 2, "pdf": False}},
+    )
     cfg["methods"] = {
         "A": {"loss_funcs": {"metric_loss": {"ContrastiveLoss": {}}}},
         "B": {"loss_funcs": {"metric_loss": {"TripletMarginLoss": {}}}},
