@@ -101,6 +101,10 @@ STAGES = [
 ]
 
 
+# the module's tests share one fixture run: one xdist group builds it once (make test)
+pytestmark = pytest.mark.xdist_group("import_cost")
+
+
 @pytest.fixture(scope="module")
 def first_imports(tmp_path_factory) -> dict[str, list[str]]:
     """``{package: [stage, "file:line"]}`` of the watched packages the subprocess imported."""
@@ -119,6 +123,7 @@ def first_imports(tmp_path_factory) -> dict[str, list[str]]:
     return json.loads(line.removeprefix("FIRST-IMPORTS "))
 
 
+@pytest.mark.slow  # one fresh interpreter through a whole tiny run (about 6 CPU s)
 @pytest.mark.parametrize("stage", STAGES)
 def test_the_common_path_imports_no_torchvision_matplotlib_or_optuna(first_imports, stage):
     upto = ["start", *STAGES[: STAGES.index(stage) + 1]]
@@ -130,6 +135,7 @@ def test_the_common_path_imports_no_torchvision_matplotlib_or_optuna(first_impor
     )
 
 
+@pytest.mark.slow  # shares the fixture above
 @pytest.mark.parametrize(
     "package, stage, culprit",
     [
