@@ -56,7 +56,7 @@ SLOW_TUNE = textwrap.dedent("""
     import sys
     from pml_rank_plugins.reporting.tune_report import run_tune
     from tests.running.test_tune import glyph_config
-    cfg = glyph_config(epochs=40)
+    cfg = glyph_config(epochs=500)  # outlasts the test: killed in its first trial
     cfg["methods"].pop("plugin FastAP")
     run_tune([cfg], sys.argv[1], trials=2)
     """)
@@ -133,9 +133,11 @@ def test_a_killed_tune_continues_the_trial_in_progress(killed_tune):
     assert [t.state for t in running] == [TrialState.RUNNING]
 
     # the same budget (a study refuses another config); the pruner, not part of the budget,
-    # stops the remaining trials after their first epoch so the test stays quick
-    cfg = contrastive_only(epochs=40)
-    cfg["tune"]["pruner"] = {"ThresholdPruner": {"lower": 0.99, "n_warmup_steps": 0}}
+    # stops the remaining trials after their first epoch so the test stays quick: every trial,
+    # as no MAP@R reaches 1.01 (at 0.99, a run killed some epochs in could pass it on 3
+    # validation classes, and train on)
+    cfg = contrastive_only(epochs=500)
+    cfg["tune"]["pruner"] = {"ThresholdPruner": {"lower": 1.01, "n_warmup_steps": 0}}
     summary = run_tune([cfg], out, trials=3)
     trials = optuna.load_study(study_name="PML Contrastive", storage=storage).get_trials()
     # the killed trial is recorded failed (interrupted) and does not count toward --trials:
