@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -16,7 +14,7 @@ from pml_rank_plugins.experiment.schema import dump_yaml
 from pml_rank_plugins.running import run_folder, runner
 from pml_rank_plugins.running.checkpoints import CheckpointError
 from pml_rank_plugins.running.run_folder import RunFolderBusy, RunFolderError, UnsafeRunFolder
-from tests.running.bare_packages import BARE_PACKAGES
+from tests.lock_holder import hold_lock
 from tests.tiny import tiny_config
 
 # the tests of this module share one module-scoped fixture: under `-n 2 --dist loadgroup`
@@ -49,15 +47,8 @@ def test_second_run_into_a_live_folder_is_refused(tmp_path):
 
 def test_lock_is_held_across_processes(tmp_path):
     run = tmp_path / "run"
-    # the holder imports run_folder alone (bare_packages: no torch, 0.05 s instead of 4 s CPU)
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         BARE_PACKAGES + "import time; from pml_rank_plugins.running import run_folder\n"
-         f"with run_folder.lock({str(run)!r}):\n    print('locked', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True, cwd=os.getcwd(),
-    )  # fmt: skip
+    holder = hold_lock(run)  # the real lock in a process without torch (tests/lock_holder.py)
     try:
-        assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunFolderBusy, match=f"pid {holder.pid}"):
             with run_folder.lock(run):
                 pass
