@@ -127,6 +127,16 @@ def plot(curves: dict, report: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def short_names(paths: list[str]) -> dict[str, str]:
+    """A column-friendly name per key path: its last component (``lr``), or its first and last
+    (``loss_funcs.margin``, ``mining_funcs.margin``) where the last is shared."""
+    last = [p.rsplit(".", 1)[-1] for p in paths]
+    return {
+        p: (f"{p.split('.', 1)[0]}.{end}" if last.count(end) > 1 else end)
+        for p, end in zip(paths, last)
+    }
+
+
 def tune_progress(out: Path) -> str:
     """The Markdown table of the tuning's progress (see the module docstring)."""
     db = out / "tune" / "tune.db"
@@ -150,12 +160,9 @@ def tune_progress(out: Path) -> str:
         epochs = sum(max(t.intermediate_values, default=0) for t in trials)
         done = [t for t in trials if t.state.name == "COMPLETE"]
         best = max(done, key=lambda t: t.value) if done else None
+        names = short_names(list(best.params) if best else [])
         params = ", ".join(
-            (
-                f"`{k.rsplit('.', 1)[-1]}`={v:.4g}"
-                if isinstance(v, float)
-                else f"`{k.rsplit('.', 1)[-1]}`={v}"
-            )
+            f"`{names[k]}`={v:.4g}" if isinstance(v, float) else f"`{names[k]}`={v}"
             for k, v in (best.params if best else {}).items()
         )
         lines.append(

@@ -76,3 +76,16 @@ def test_tune_progress_counts_states_best_and_epochs(tmp_path):
     # trials, complete, pruned, failed, running, interrupted, best, best trial, epochs
     assert cells[1:10] == ["5", "2", "1", "1", "1", "1", "70.00", "1", "6"]
     assert cells[10].startswith("`lr`=")
+
+
+def test_short_names_keep_a_shared_last_component_apart():
+    paths = [
+        "optimizers.trunk_optimizer.lr",
+        "loss_funcs.metric_loss.margin",
+        "mining_funcs.m.margin",
+    ]
+    assert study_report.short_names(paths) == {
+        paths[0]: "lr",
+        paths[1]: "loss_funcs.margin",
+        paths[2]: "mining_funcs.margin",
+    }
