@@ -73,7 +73,7 @@ class PictureSettings:
     """``eval.pictures``: the retrieval pictures ``compare`` and ``sweep`` draw per method.
 
     ``num_queries`` rows of ``k + 1`` tiles in each of the two figures (``retrieval``,
-    ``worst_queries``), and their PDF copies when ``pdf``; defaults :data:`PICTURE_DEFAULTS`.
+    ``worst_queries``), and their PDF copies when ``pdf``; defaults ``PICTURE_DEFAULTS``.
     The cost is O(num_queries x (k + 1)) tiles per figure (about 2 s per method at the defaults
     on a loaded 2-core machine, a third of it the PDF). Evaluation only: nothing trained depends
     on it.

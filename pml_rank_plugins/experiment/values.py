@@ -5,7 +5,7 @@ key, every value a run would otherwise fail on after training started or silentl
 sizes and counts go through the one integer validator
 (:func:`pml_rank_plugins.functional.validation.check_int`: floats, bools, strings and out-of-range
 values refused); ``eval.test_interval >= 1``, ``eval.patience`` null or ``>= 0``; ``eval.pictures`` (known keys,
-``num_queries`` and ``k`` in 1..:data:`MAX_PICTURE_ROWS`, ``pdf`` a boolean); a known
+``num_queries`` and ``k`` in 1..``MAX_PICTURE_ROWS``, ``pdf`` a boolean); a known
 ``device``; finite optimizer and scheduler numbers. :func:`check_trainer` is also applied by the
 builder to the trainer keywords it passes to PML (``dataloader_num_workers`` included), and
 :func:`check_eval_splits` where the splits are known.
