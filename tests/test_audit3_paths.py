@@ -128,7 +128,7 @@ def busy_compare(tmp_path_factory) -> dict:
     """One ``compare --resume --no-pictures`` of methods A and B while another live process (a
     :func:`tests.lock_holder.hold_lock`) holds ``A/seed0``: its exit status, stderr, ``--out`` and
     the tree of ``A/seed0`` before and after. Shared by the two tests below, which only read it
-    (one xdist group: built once under ``--dist loadgroup``)."""
+    (built once under ``--dist loadfile``: one worker per module)."""
     base = tmp_path_factory.mktemp("busy")
     out = base / "out"
     dump_yaml(methods_config("A", "B"), base / "C.yaml")

@@ -8,7 +8,7 @@ start per script instead of one or two per case and round), as ``__main__`` in t
 subprocess-per-case path as the scripts' users do. :func:`measure_in_child` is checked directly
 in both modes. Runs with the same arguments are shared within a test process: one run of each
 pairwise script (two sizes, under a competing load) serves every test that reads its table, and
-those tests share an xdist group so that ``make test`` (``--dist loadgroup``) runs it once."""
+``make test`` (``--dist loadfile``: one worker per module) runs it once."""
 
 import argparse
 import contextlib

@@ -14,7 +14,7 @@ from pml_rank_plugins.experiment.schema import dump_yaml
 from pml_rank_plugins.running import embed, load_run, train
 from tests.tiny import tiny_config
 
-# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadgroup`
+# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadfile`
 # (make test) they run on one worker, so the fixture is built once
 pytestmark = pytest.mark.xdist_group("embed_run_dir")
 

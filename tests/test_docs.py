@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadgroup`
+# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadfile`
 # (make test) they run on one worker, so the fixture is built once
 pytestmark = pytest.mark.xdist_group("docs_site")
 

@@ -18,7 +18,7 @@ import gpu_check  # noqa: E402
 from gpu_check_here import run_here, run_script_here  # noqa: E402
 from gpu_check_parts import parse_pytest  # noqa: E402
 
-# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadgroup`
+# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadfile`
 # (make test) they run on one worker, so the fixture is built once
 pytestmark = pytest.mark.xdist_group("gpu_check_cpu_report")
 

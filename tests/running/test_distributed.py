@@ -35,8 +35,8 @@ class TinyNet64(TinyNet):
 
 
 registry.register("TinyNet64", TinyNet64)
-# one pair of spawned processes, 8 short runs (about 35 s of CPU), built once per worker: one
-# xdist group keeps the module on one worker under `--dist loadgroup` (make test)
+# one pair of spawned processes, 8 short runs (about 35 s of CPU), built once per worker:
+# `--dist loadfile` (make test) keeps the module on one worker
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed_runs")]
 
 BASE = {

@@ -26,7 +26,7 @@ from pml_rank_plugins.running.checkpoints import load_models
 from pml_rank_plugins.running.load import _eval_transforms_everywhere
 from tests.tiny import tiny_config
 
-# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadgroup`
+# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadfile`
 # (make test) they run on one worker, so the fixture is built once
 pytestmark = pytest.mark.xdist_group("load_run_dir")
 

@@ -22,7 +22,7 @@ from pml_rank_plugins.running.nonfinite import NonFiniteError
 from pml_rank_plugins.running.run_folder import DiskFullError, RunFolderError
 from tests.tiny import TinyNet, tiny_config
 
-# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadgroup`
+# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadfile`
 # (make test) they run on one worker, so the fixture is built once
 pytestmark = pytest.mark.xdist_group("reliability_partial")
 

@@ -17,7 +17,7 @@ from pml_rank_plugins.running.run_folder import RunFolderBusy, RunFolderError, U
 from tests.lock_holder import hold_lock
 from tests.tiny import tiny_config
 
-# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadgroup`
+# the tests of this module share one module-scoped fixture: under `-n 2 --dist loadfile`
 # (make test) they run on one worker, so the fixture is built once
 pytestmark = pytest.mark.xdist_group("run_folder_partial")
 
