@@ -45,6 +45,9 @@ def run(trainer_cls, loss, miner=None, **extra):
             "trunk_grad_clipper": lambda: torch.nn.utils.clip_grad_norm_(params, 0.05)
         },
         data_device=torch.device("cpu"),
+        # no loader workers (PML's default is 2): an epoch cut short by iterations_per_epoch
+        # leaves them to be shut down when the trainer is collected, a 10 s stall of a later test
+        dataloader_num_workers=0,
         dtype=torch.float64,
         end_of_iteration_hook=lambda t: seen.append(
             float(torch.as_tensor(t.losses["total_loss"]).detach())
