@@ -7,9 +7,7 @@ one ``--out``. Each test checks the exit status, the one-line message and that n
 from __future__ import annotations
 
 import contextlib
-import io
 import json
-import logging
 import os
 import re
 import subprocess
@@ -22,6 +20,7 @@ from pml_rank_plugins.cli import main
 from pml_rank_plugins.experiment.schema import dump_yaml
 from pml_rank_plugins.reporting.summary import summarize_dir
 from tests.lock_holder import hold_lock
+from tests.log_capture import root_log_lines
 from tests.tiny import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,19 +147,8 @@ def busy_compare(tmp_path_factory) -> dict:
 def _main_stderr(args: list[str]) -> tuple[int, str]:
     """``main(args)`` and what it wrote to stderr: its prints and its log lines (a module-scoped
     fixture has no ``capsys``; the log lines are taken with a root handler in the CLI's format)."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        with contextlib.redirect_stderr(stream):
-            rc = main(args)
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(old_level)
+    with root_log_lines() as stream, contextlib.redirect_stderr(stream):
+        rc = main(args)
     return rc, stream.getvalue()
 
 

@@ -4,7 +4,6 @@ no worker progress bars, repeated lines folded into one with a count. Run folder
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -19,6 +18,7 @@ import pytest
 from pml_rank_plugins.experiment.schema import dump_yaml
 from pml_rank_plugins.running import console as console_module
 from pml_rank_plugins.running import pool, run_folder
+from tests.log_capture import root_log_lines
 from tests.tiny import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,16 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def console():
     """The root logger printing ``LEVEL name: message`` lines into a string, as the CLI does."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    yield stream
-    root.removeHandler(handler)
-    root.setLevel(old_level)
+    with root_log_lines() as stream:
+        yield stream
 
 
 def test_repeated_warning_is_printed_once_with_a_count(console):
