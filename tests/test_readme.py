@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pytorch_metric_learning.trainers import BaseTrainer
 
 from pml_rank_plugins.cli_args import build_parser as _parser
 from pml_rank_plugins.experiment import builder, registry
@@ -122,6 +123,12 @@ def test_python_blocks_run_in_order(path, tmp_path, monkeypatch):
     finally:
         for name in ("MyNet",):  # the registration example must not leak into other tests
             registry.unregister(name)
+        # A PML trainer keeps its data-loader iterator in a reference cycle; left to the cyclic
+        # garbage collector, its loader workers (PML's default: 2) wait out the join timeout,
+        # 10 s of a later test. Dropped here, they shut down at once (what a page ran is done).
+        for value in namespace.values():
+            if isinstance(value, BaseTrainer):
+                value.dataloader_iter = None
 
 
 def _base_config() -> dict:
