@@ -16,6 +16,12 @@ writes ``DOCS/probe/convergence.json``, ``convergence.md`` and ``probe_curves.pn
 * per method, the mean of those curves over seeds, its plateau (the last value) and the first
   epoch where the mean is within ``TOLERANCE`` (0.5 points) of the plateau;
 * the budget: that epoch for the method with the highest plateau ("the best curve").
+
+What tuning bought (``DOCS/tuning_gain.md`` and ``.json``, once ``OUT/tuned`` and
+``OUT/defaults`` hold finished runs): per method, the test primary metric of its tuned setting
+against its default setting on the same seeds (run ids), as a paired difference
+(``reporting.statistics.paired_difference``: mean, 95% t interval, paired t-test, MDD), with the
+methods' t-test p-values Holm-adjusted as one family.
 """
 
 from __future__ import annotations
@@ -31,9 +37,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
+from pml_rank_plugins.reporting import statistics  # noqa: E402
+from pml_rank_plugins.reporting.summary import load_run_dirs  # noqa: E402
+from pml_rank_plugins.reporting.tables import metric_label, test_metrics  # noqa: E402
 from pml_rank_plugins.running.study import is_interrupted  # noqa: E402
 
 TOLERANCE = 0.005  # 0.5 points of the primary metric (a fraction)
+PRIMARY = "mean_average_precision_at_r"  # configs/studies/omniglot.yaml's eval.primary_metric
 
 
 def load_curves(probe: Path, primary: str) -> dict[str, dict[str, list[float]]]:
@@ -175,11 +185,74 @@ def tune_progress(out: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _primary_values(by_run: dict, primary: str) -> dict[str, float]:
+    """``{run_id: test primary value}`` of the finished runs (failed ones have no test)."""
+    out = {}
+    for run_id, m in by_run.items():
+        value = test_metrics(m).get(primary)
+        if value is not None and np.isfinite(value):
+            out[run_id] = float(value)
+    return out
+
+
+def tuning_gain(tuned: Path, defaults: Path, primary: str = PRIMARY) -> dict:
+    """Per method: tuned minus default test ``primary`` on the run ids both have (see the module
+    docstring). Returns ``{"primary", "methods": {name: {"n", "default", "tuned", "gain"}}}``
+    with ``default``/``tuned`` t intervals and ``gain`` a paired difference plus
+    ``p_ttest_holm``; methods without a shared finished run are left out."""
+    runs_tuned, runs_default = load_run_dirs(tuned), load_run_dirs(defaults)
+    out: dict = {"primary": primary, "methods": {}}
+    for name, by_run in runs_tuned.items():
+        a = _primary_values(by_run, primary)
+        b = _primary_values(runs_default.get(name, {}), primary)
+        ids = [r for r in a if r in b]
+        if not ids:
+            continue
+        x, y = [a[r] for r in ids], [b[r] for r in ids]
+        out["methods"][name] = {
+            "n": len(ids),
+            "run_ids": ids,
+            "tuned": statistics.t_interval(x),
+            "default": statistics.t_interval(y),
+            "gain": statistics.paired_difference(x, y),
+        }
+    gains = [m["gain"] for m in out["methods"].values()]
+    for gain, p in zip(gains, statistics.holm([g["p_ttest"] for g in gains])):
+        gain["p_ttest_holm"] = p
+    return out
+
+
+def tuning_gain_markdown(report: dict) -> str:
+    label = metric_label(report["primary"])
+    lines = [
+        f"Test {label} (%), tuned against default settings on the same seeds; gain = tuned -"
+        " default, paired (* where the 95% t interval excludes 0); p: paired t-test, Holm over the methods; MDD: the"
+        " smallest gain detectable at 80% power with these n and paired spread.",
+        "",
+        f"| method | n | default {label} | tuned {label} | gain (± 95% CI) | p (Holm) | MDD |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, m in report["methods"].items():
+        g = m["gain"]
+        mdd = "-" if g["mdd"] is None else f"{100 * g['mdd']:.2f}"
+        lines.append(
+            f"| {name} | {m['n']} | {statistics.format_mean_ci(m['default'])} | "
+            f"{statistics.format_mean_ci(m['tuned'])} | {statistics.format_difference(g)} | "
+            f"{statistics.format_p(g['p_ttest_holm'])} | {mdd} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(out: str, docs: str) -> int:
     if (Path(out) / "tune" / "tune.db").is_file():
         target = Path(docs) / "tune"
         target.mkdir(parents=True, exist_ok=True)
         (target / "progress.md").write_text(tune_progress(Path(out)))
+    if (Path(out) / "tuned").is_dir() and (Path(out) / "defaults").is_dir():
+        gain = tuning_gain(Path(out) / "tuned", Path(out) / "defaults")
+        Path(docs).mkdir(parents=True, exist_ok=True)
+        (Path(docs) / "tuning_gain.json").write_text(json.dumps(gain, indent=2))
+        (Path(docs) / "tuning_gain.md").write_text(tuning_gain_markdown(gain))
     probe = Path(out) / "probe"
     curves = load_curves(probe, "mean_average_precision_at_r")
     if not curves:

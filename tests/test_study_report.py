@@ -6,8 +6,10 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
+from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("study_report", ROOT / "scripts" / "study_report.py")
@@ -89,3 +91,40 @@ def test_short_names_keep_a_shared_last_component_apart():
         paths[1]: "loss_funcs.margin",
         paths[2]: "mining_funcs.margin",
     }
+
+
+def _write_run(folder: Path, name: str, seed: int, value: float | None) -> None:
+    run = folder / name.replace(" ", "_") / f"seed{seed}"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"name: {name}\n")
+    test = {} if value is None else {"test": {"mean_average_precision_at_r": value}}
+    (run / "metrics.json").write_text(
+        json.dumps({"name": name, "status": "finished", "test": test})
+    )
+
+
+def test_tuning_gain_is_the_paired_difference_on_shared_seeds_with_holm(tmp_path):
+    tuned, defaults = tmp_path / "tuned", tmp_path / "defaults"
+    base = [0.60, 0.62, 0.61, 0.63, 0.59, 0.60]
+    bump = [0.02, 0.03, 0.01, 0.02, 0.03, 0.02]
+    for seed in range(1, 7):
+        _write_run(defaults, "A", seed, base[seed - 1])
+        _write_run(tuned, "A", seed, base[seed - 1] + bump[seed - 1])
+        _write_run(defaults, "B", seed, base[seed - 1])
+        # B: seed 6 only in the defaults, seed 5 failed (no test) when tuned
+        if seed < 6:
+            _write_run(tuned, "B", seed, None if seed == 5 else base[seed - 1] - 0.01 * seed)
+    report = study_report.tuning_gain(tuned, defaults)
+    a, b = report["methods"]["A"], report["methods"]["B"]
+    assert a["n"] == 6 and b["n"] == 4 and b["run_ids"] == ["seed1", "seed2", "seed3", "seed4"]
+    assert a["gain"]["mean"] == pytest.approx(np.mean(bump))
+    d = np.array(bump)
+    t = d.mean() / (d.std(ddof=1) / np.sqrt(6))
+    p_a = 2 * stats.t.sf(abs(t), 5)  # the paired t-test by hand
+    assert a["gain"]["p_ttest"] == pytest.approx(p_a)
+    p_b = b["gain"]["p_ttest"]
+    assert sorted([a["gain"]["p_ttest_holm"], b["gain"]["p_ttest_holm"]]) == pytest.approx(
+        sorted([min(1, 2 * min(p_a, p_b)), max(2 * min(p_a, p_b), max(p_a, p_b))])
+    )
+    md = study_report.tuning_gain_markdown(report)
+    assert "| A | 6 |" in md and "| B | 4 |" in md and "MAP@R" in md
