@@ -109,7 +109,7 @@ def open_study(job: TuneJob, worker: int = 0) -> optuna.Study:
     A loaded study must maximize; storage errors (corrupt, locked or unreachable database) are
     :class:`StorageError` naming the URL."""
     section = tune_section(job.config)
-    study = _create_or_load(job, section, section["sampler"])
+    study = _create_or_load(job, section)
     sampler = section["sampler"]
     name, kwargs = next(iter(sampler.items())) if isinstance(sampler, dict) else (None, None)
     if isinstance(kwargs, dict) and isinstance(kwargs.get("seed"), int):
@@ -121,8 +121,8 @@ def open_study(job: TuneJob, worker: int = 0) -> optuna.Study:
     return study
 
 
-def _create_or_load(job: TuneJob, section: dict, sampler: dict) -> optuna.Study:
-    sampler_obj = optuna_object(copy.deepcopy(sampler), optuna.samplers, "tune.sampler")
+def _create_or_load(job: TuneJob, section: dict) -> optuna.Study:
+    sampler_obj = optuna_object(copy.deepcopy(section["sampler"]), optuna.samplers, "tune.sampler")
     pruner = optuna_object(section["pruner"], optuna.pruners, "tune.pruner")
     try:
         study = optuna.create_study(
