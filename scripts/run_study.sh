@@ -13,7 +13,9 @@
 #   tuned     the best setting of each method, 10 seeds (seeds 1-10), test at the best epoch
 #   defaults  each method at its default setting on the same 10 seeds (paired with `tuned`)
 #   claims    the papers' six claims at this budget, each from its loss's tuned setting
-#             (configs/claims/*.yaml; 10 paired seeds, 1-10); CLAIMS="a b" runs a subset
+#             (configs/claims/*.yaml; 10 paired seeds, 1-10); CLAIMS="a b" runs a subset. A
+#             setting whose config equals a tuned run's in every key but its name is copied from
+#             OUT/tuned, not trained again (scripts/study_reuse.py; 4 settings x 10 seeds)
 #   publish   copy the small outputs (json, md, csv, figures; never checkpoints) to docs/study/
 #   snapshot  copy runs/study/tune/tune.db to docs/study/tune/tune.db (consistent, running trials
 #             marked failed in the copy) so a later session continues the studies; `tune` restores
@@ -60,6 +62,9 @@ phase() {
     claims)
       for claim in $CLAIMS; do
         echo "=== claim $claim: start $(date -u +%FT%TZ)"
+        # a setting that is, key for key, a tuned run (e.g. M=80 (tuned)) reuses that run
+        "$PYTHON" scripts/study_reuse.py "$OUT/tuned" "claims/$claim" "$OUT/claims/$claim" \
+          --seeds 10 --data-root "$DATA_ROOT"
         cli compare "claims/$claim" --data-root "$DATA_ROOT" --seeds 10 --jobs "$JOBS" --resume \
           --out "$OUT/claims/$claim"
       done ;;

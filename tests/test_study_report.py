@@ -128,3 +128,54 @@ def test_tuning_gain_is_the_paired_difference_on_shared_seeds_with_holm(tmp_path
     )
     md = study_report.tuning_gain_markdown(report)
     assert "| A | 6 |" in md and "| B | 4 |" in md and "MAP@R" in md
+
+
+def test_vs_best_tests_every_method_against_the_highest_mean(tmp_path):
+    phase = tmp_path / "tuned"
+    values = {
+        "A": [0.60, 0.61, 0.59, 0.62, 0.60, 0.61],
+        "B": [0.66, 0.68, 0.65, 0.67, 0.66, 0.69],  # the best mean, though not listed first
+        "C": [0.64, 0.69, 0.62, 0.66, 0.67, 0.64],
+    }
+    for name, vs in values.items():
+        for seed, v in enumerate(vs, start=1):
+            _write_run(phase, name, seed, v)
+    before = sorted(p.name for p in phase.iterdir())
+    summary = study_report.vs_best(phase)
+    assert summary["reference"] == "B"
+    assert sorted(p.name for p in phase.iterdir()) == before  # nothing written into the phase
+    primary = "mean_average_precision_at_r"
+    for other in ("A", "C"):
+        d = np.array(values[other]) - np.array(values["B"])
+        row = summary["differences"][other][primary]
+        assert row["mean"] == pytest.approx(d.mean())
+        assert row["p_ttest"] == pytest.approx(stats.ttest_rel(values[other], values["B"]).pvalue)
+    md = study_report.vs_best_markdown(summary, "tuned")
+    assert "**B**" in md and "vs **B**" in md and "| A | 6" in md
+
+
+def test_best_method_needs_a_finished_run(tmp_path):
+    _write_run(tmp_path / "p", "A", 1, None)
+    with pytest.raises(ValueError, match="no finished run"):
+        study_report.best_method(study_report.load_run_dirs(tmp_path / "p"))
+
+
+def test_main_reports_gain_and_vs_best_only_for_finished_phases(tmp_path):
+    out, docs = tmp_path / "runs", tmp_path / "docs"
+    for phase, shift in (("tuned", 0.02), ("defaults", 0.0)):
+        for name, base in (("A", 0.60), ("B", 0.65)):
+            for seed in range(1, 4):
+                _write_run(out / phase, name, seed, base + shift + 0.01 * seed * (name == "A"))
+    (out / "probe").mkdir()
+    study_report.main(str(out), str(docs))  # no probe runs: exit 1, the rest still written
+    assert not (docs / "tuning_gain.json").exists()  # neither phase wrote summary.json yet
+    assert not (docs / "tuned" / "vs_best.json").exists()
+    (out / "tuned" / "summary.json").write_text("{}")
+    study_report.main(str(out), str(docs))
+    assert json.loads((docs / "tuned" / "vs_best.json").read_text())["reference"] == "B"
+    assert not (docs / "tuning_gain.json").exists() and not (docs / "defaults").exists()
+    (out / "defaults" / "summary.json").write_text("{}")
+    study_report.main(str(out), str(docs))
+    gain = json.loads((docs / "tuning_gain.json").read_text())
+    assert gain["methods"]["B"]["gain"]["mean"] == pytest.approx(0.02)
+    assert "vs **B**" in (docs / "defaults" / "vs_best.md").read_text()
