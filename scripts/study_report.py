@@ -30,6 +30,15 @@ from its run folders (``reporting.summary.summarize_dir``, nothing trained, the 
 ``comparison.md`` and ``summary.json`` untouched) with the reference set to the method of the
 highest mean test primary metric. That reference is chosen after seeing the test results, which
 the page states: it is the method the others must be shown not to trail.
+
+Where a compare phase's time goes (``DOCS/wall_time.md`` and ``.json``, one row per finished
+phase: ``tuned``, ``defaults``, each ``claims/<name>``): the runs' ``phase_seconds`` (setup,
+train, validation, checkpoints, test; the call that finished each run, so a resumed run counts
+its last call only) and the rest of each run's ``wall_seconds`` (process and folder bookkeeping),
+as percent of the runs' summed wall seconds; the pictures' seconds (``summary.json``
+``pictures_seconds``, written since this report; older phases: unknown) as percent of the
+command's wall time; runs copied by ``scripts/study_reuse.py`` are counted apart, not timed
+again.
 """
 
 from __future__ import annotations
@@ -285,7 +294,83 @@ def vs_best_markdown(summary: dict, phase: str) -> str:
     )
 
 
+PHASES = ("setup", "train", "validation", "checkpoints", "test")
+
+
+def wall_time(phase: Path) -> dict:
+    """Seconds per phase of ``phase``'s finished runs (see the module docstring)."""
+    summary = json.loads((phase / "summary.json").read_text())
+    seconds = dict.fromkeys(PHASES, 0.0)
+    wall, runs, reused, untimed = 0.0, 0, 0, 0
+    for by_run in load_run_dirs(phase).values():
+        for m in by_run.values():
+            if m.get("status") != "finished":
+                continue
+            if m.get("reused_from"):
+                reused += 1
+                continue
+            if "phase_seconds" not in m or "wall_seconds" not in m:
+                untimed += 1  # written before runs timed their phases
+                continue
+            runs += 1
+            wall += m["wall_seconds"]
+            for key, value in m["phase_seconds"].items():
+                seconds[key] = seconds.get(key, 0.0) + value
+    seconds["other"] = wall - sum(seconds.values())
+    return {
+        "runs": runs,
+        "reused_runs": reused,
+        "untimed_runs": untimed,
+        "run_seconds": wall,
+        "phase_seconds": seconds,
+        "phase_percent": {k: 100 * v / wall if wall else None for k, v in seconds.items()},
+        "command_seconds": summary.get("total_wall_seconds"),
+        "jobs": summary.get("jobs"),
+        "pictures_seconds": summary.get("pictures_seconds"),
+    }
+
+
+def wall_time_markdown(report: dict) -> str:
+    cols = list(PHASES) + ["other"]
+    lines = [
+        "Where each compare phase's time goes: the runs' phases in percent of the runs' summed"
+        ' wall seconds (the call that finished each run; "other": the rest of a run\'s wall'
+        " time, e.g. writing its folder), and the pictures in percent of the command's wall time"
+        ' ("-": not recorded by that command). Runs reused from the tuned phase are not timed'
+        " again.",
+        "",
+        "| phase | runs (+ reused) | run seconds | "
+        + " | ".join(f"{c} (%)" for c in cols)
+        + " | command wall (s) | jobs | pictures (% of wall) |",
+        "| --- | ---: | ---: | " + " | ".join("---:" for _ in cols) + " | ---: | ---: | ---: |",
+    ]
+    for name, r in report.items():
+        pct = [
+            f"{r['phase_percent'][c]:.1f}" if r["phase_percent"][c] is not None else "-"
+            for c in cols
+        ]
+        cmd, pics = r["command_seconds"], r["pictures_seconds"]
+        untimed = f", {r['untimed_runs']} untimed" if r.get("untimed_runs") else ""
+        pic = "-" if pics is None or not cmd else f"{100 * pics / cmd:.2f} ({pics:.0f} s)"
+        lines.append(
+            f"| {name} | {r['runs']} (+{r['reused_runs']}{untimed}) | {r['run_seconds']:,.0f} | "
+            + " | ".join(pct)
+            + f" | {'-' if cmd is None else f'{cmd:,.0f}'} | {r['jobs'] or '-'} | {pic} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(out: str, docs: str) -> int:
+    phases = ["tuned", "defaults"] + [
+        f"claims/{p.name}" for p in sorted((Path(out) / "claims").glob("*")) if p.is_dir()
+    ]
+    times = {
+        p: wall_time(Path(out) / p) for p in phases if (Path(out) / p / "summary.json").is_file()
+    }
+    if times:
+        Path(docs).mkdir(parents=True, exist_ok=True)
+        (Path(docs) / "wall_time.json").write_text(json.dumps(times, indent=2))
+        (Path(docs) / "wall_time.md").write_text(wall_time_markdown(times))
     for phase in ("tuned", "defaults"):
         if (Path(out) / phase / "summary.json").is_file():  # the phase finished
             summary = vs_best(Path(out) / phase)

@@ -179,3 +179,34 @@ def test_main_reports_gain_and_vs_best_only_for_finished_phases(tmp_path):
     gain = json.loads((docs / "tuning_gain.json").read_text())
     assert gain["methods"]["B"]["gain"]["mean"] == pytest.approx(0.02)
     assert "vs **B**" in (docs / "defaults" / "vs_best.md").read_text()
+
+
+def test_wall_time_sums_the_phases_of_timed_runs_and_counts_reused_ones(tmp_path):
+    phase = tmp_path / "runs" / "claims" / "c"
+    for seed, (train, reused) in enumerate([(8.0, False), (6.0, False), (99.0, True)], start=1):
+        run = phase / "A" / f"seed{seed}"
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text("name: A\n")
+        metrics = {
+            "name": "A",
+            "status": "finished",
+            "test": {"mean_average_precision_at_r": 0.5},
+            "phase_seconds": {"setup": 0.5, "train": train, "validation": 1.0},
+            "wall_seconds": train + 2.0,
+        }
+        if reused:
+            metrics["reused_from"] = "elsewhere"
+        (run / "metrics.json").write_text(json.dumps(metrics))
+    summary = {"total_wall_seconds": 20.0, "jobs": 2, "pictures_seconds": 1.0}
+    (phase / "summary.json").write_text(json.dumps(summary))
+    report = study_report.wall_time(phase)
+    assert report["runs"] == 2 and report["reused_runs"] == 1 and report["untimed_runs"] == 0
+    assert report["run_seconds"] == pytest.approx(18.0)  # (8 + 2) + (6 + 2)
+    assert report["phase_seconds"]["train"] == pytest.approx(14.0)
+    assert report["phase_seconds"]["other"] == pytest.approx(1.0)  # 18 - 14 - 2 x 1.5
+    assert report["phase_percent"]["validation"] == pytest.approx(100 * 2 / 18)
+    md = study_report.wall_time_markdown({"claims/c": report})
+    assert "| claims/c | 2 (+1) | 18 |" in md and "| 5.00 (1 s) |" in md
+    study_report.main(str(tmp_path / "runs"), str(tmp_path / "docs"))
+    written = json.loads((tmp_path / "docs" / "wall_time.json").read_text())
+    assert list(written) == ["claims/c"]

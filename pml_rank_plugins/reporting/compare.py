@@ -111,7 +111,11 @@ def run_comparison(
         summary["budget_changes"] = changes
     if distributed.is_main_process():  # under torchrun: rank 0 writes
         if pictures:  # with resume: only missing or out-of-date pictures are drawn
+            t_pictures = time.perf_counter()
             summary["pictures"] = write_pictures(results, all_jobs, device, only_missing=resume)
+            # where the command's wall time goes (the runs' own phases are in metrics.json)
+            summary["pictures_seconds"] = time.perf_counter() - t_pictures
+            summary["total_wall_seconds"] = time.perf_counter() - t_all
         write_outputs(summary, results, out_dir)
     distributed.barrier()
     return summary

@@ -45,6 +45,7 @@ def test_two_method_compare_validates_twice_and_reads_yaml_once(tmp_path, monkey
     summary = compare.run_comparison(specs, tmp_path / "out", seeds=1, pictures=True)
     assert not summary.get("failed") and set(summary["pictures"]) == {"A", "B"}
     assert all(isinstance(p, list) for p in summary["pictures"].values())  # drawn, not failed
+    assert 0 < summary["pictures_seconds"] < summary["total_wall_seconds"]  # timed, included
     assert counts["validate"] == 2
     assert counts["yaml"] == 1
     trained_and_drawn = 2 + 2
