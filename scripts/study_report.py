@@ -31,6 +31,12 @@ from its run folders (``reporting.summary.summarize_dir``, nothing trained, the 
 highest mean test primary metric. That reference is chosen after seeing the test results, which
 the page states: it is the method the others must be shown not to trail.
 
+Did the tuned settings converge at the budget? (``DOCS/tuned/convergence.md`` and ``.json``):
+the probe's analysis (:func:`convergence`) on the tuned runs' validation curves, plus, per method,
+how much the mean best-so-far curve still rose over the last ``LATE`` epochs and how many runs
+had their best epoch among them. The budget came from the probe at default settings; this says
+how far the tuned settings were from their plateau.
+
 Where a compare phase's time goes (``DOCS/wall_time.md`` and ``.json``, one row per finished
 phase: ``tuned``, ``defaults``, each ``claims/<name>``): the runs' ``phase_seconds`` (setup,
 train, validation, checkpoints, test; the call that finished each run, so a resumed run counts
@@ -72,7 +78,7 @@ def load_curves(probe: Path, primary: str) -> dict[str, dict[str, list[float]]]:
     out: dict[str, dict[str, list[float]]] = {}
     for metrics in sorted(probe.glob("*/seed*/metrics.json")):
         m = json.loads(metrics.read_text())
-        if m.get("status") != "finished":
+        if m.get("status") != "finished" or not m.get("history"):
             continue
         vals = [next(iter(r["validation"].values()))[primary] for r in m["history"]]
         out.setdefault(m["name"], {})[metrics.parent.name] = vals
@@ -294,6 +300,41 @@ def vs_best_markdown(summary: dict, phase: str) -> str:
     )
 
 
+LATE = 5  # epochs: the end of the budget whose gain says whether a run was still improving
+
+
+def convergence_check(phase: Path, primary: str = PRIMARY) -> dict:
+    """:func:`convergence` of ``phase``'s runs plus, per method, ``late_gain`` (mean best-so-far
+    at the last epoch minus ``LATE`` epochs before) and ``best_in_late`` (runs whose first best
+    epoch is among the last ``LATE``)."""
+    curves = load_curves(phase, primary)
+    report = convergence(curves)
+    epochs = max(len(v) for runs in curves.values() for v in runs.values())
+    report["late_epochs"] = LATE
+    for method, m in report["methods"].items():
+        mean = m["mean_best_so_far"]
+        m["late_gain"] = mean[-1] - mean[-1 - LATE]
+        m["best_in_late"] = sum(
+            int(np.argmax(v)) + 1 > epochs - LATE for v in curves[method].values()
+        )
+    return report
+
+
+def convergence_check_markdown(report: dict) -> str:
+    late = report["late_epochs"]
+    lines = [
+        f"| method | runs | best-so-far at the end (%) | within 0.5 points from epoch | gain over"
+        f" the last {late} epochs (points) | runs with their best in the last {late} epochs |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for method, m in report["methods"].items():
+        lines.append(
+            f"| {method} | {m['seeds']} | {100 * m['plateau']:.2f} | {m['converged_epoch']} |"
+            f" {100 * m['late_gain']:.2f} | {m['best_in_late']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 PHASES = ("setup", "train", "validation", "checkpoints", "test")
 
 
@@ -361,6 +402,12 @@ def wall_time_markdown(report: dict) -> str:
 
 
 def main(out: str, docs: str) -> int:
+    tuned = Path(out) / "tuned"
+    if (tuned / "summary.json").is_file() and load_curves(tuned, PRIMARY):
+        check = convergence_check(tuned)
+        (Path(docs) / "tuned").mkdir(parents=True, exist_ok=True)
+        (Path(docs) / "tuned" / "convergence.json").write_text(json.dumps(check, indent=2))
+        (Path(docs) / "tuned" / "convergence.md").write_text(convergence_check_markdown(check))
     phases = ["tuned", "defaults"] + [
         f"claims/{p.name}" for p in sorted((Path(out) / "claims").glob("*")) if p.is_dir()
     ]

@@ -210,3 +210,27 @@ def test_wall_time_sums_the_phases_of_timed_runs_and_counts_reused_ones(tmp_path
     study_report.main(str(tmp_path / "runs"), str(tmp_path / "docs"))
     written = json.loads((tmp_path / "docs" / "wall_time.json").read_text())
     assert list(written) == ["claims/c"]
+
+
+def test_convergence_check_measures_the_late_gain_and_late_bests(tmp_path):
+    late = study_report.LATE
+    curves = {
+        "seed1": [0.5] * 10 + [0.6] * (late - 1) + [0.62],  # still rising: best at the end
+        "seed2": [0.5] * 5 + [0.7] * (late + 5),  # flat since epoch 6
+    }
+    for seed, vals in curves.items():
+        run = tmp_path / "tuned" / "m" / seed
+        run.mkdir(parents=True)
+        history = [
+            {"epoch": i + 1, "validation": {"val": {"mean_average_precision_at_r": v}}}
+            for i, v in enumerate(vals)
+        ]
+        (run / "metrics.json").write_text(
+            json.dumps({"name": "m", "status": "finished", "history": history})
+        )
+    report = study_report.convergence_check(tmp_path / "tuned")
+    m = report["methods"]["m"]
+    # mean best-so-far: end (0.62 + 0.7) / 2, LATE epochs before (0.5 + 0.7) / 2
+    assert m["late_gain"] == pytest.approx(0.06) and m["best_in_late"] == 1
+    md = study_report.convergence_check_markdown(report)
+    assert f"| m | 2 | 66.00 | {10 + late} | 6.00 | 1 |" in md
