@@ -37,6 +37,12 @@ how much the mean best-so-far curve still rose over the last ``LATE`` epochs and
 had their best epoch among them. The budget came from the probe at default settings; this says
 how far the tuned settings were from their plateau.
 
+The claims at a glance (``DOCS/claims.md``, once a claim's phase has finished): per claim, each
+setting's test primary metric (mean ± 95% CI) and its paired difference against the claim's
+reference setting (the config's first), with the Holm-adjusted t-test, the Holm-adjusted TOST
+against the claim's declared margin, the MDD and the verdict, all read from the claim's
+``summary.json`` (nothing recomputed).
+
 Where a compare phase's time goes (``DOCS/wall_time.md`` and ``.json``, one row per finished
 phase: ``tuned``, ``defaults``, each ``claims/<name>``): the runs' ``phase_seconds`` (setup,
 train, validation, checkpoints, test; the call that finished each run, so a resumed run counts
@@ -300,6 +306,48 @@ def vs_best_markdown(summary: dict, phase: str) -> str:
     )
 
 
+def claims_markdown(out: Path) -> str | None:
+    """The compact table of every finished claim (see the module docstring); ``None`` if none."""
+    parts = []
+    for summary_file in sorted((out / "claims").glob("*/summary.json")):
+        summary = json.loads(summary_file.read_text())
+        primary, ref = summary["primary_metric"], summary["reference"]
+        label = metric_label(primary)
+        margin = summary.get("equivalence_margin")
+        parts += [
+            f"### {summary_file.parent.name} (reference: {ref}; "
+            + (f"margin ±{margin} points)" if margin else "no equivalence margin)"),
+            "",
+            f"| setting | n | {label} | Δ{label} vs reference | p t-test Holm | p TOST Holm |"
+            " MDD | verdict |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
+        for name, row in summary["rows"].items():
+            d = (summary["differences"].get(name) or {}).get(primary)
+            cells = [name, str(row[primary]["n"]), statistics.format_mean_ci(row[primary])]
+            if d is None:
+                cells += ["(reference)", "", "", "", ""]
+            else:
+                mdd = "-" if d["mdd"] is None else f"{100 * d['mdd']:.2f}"
+                cells += [
+                    statistics.format_difference(d),
+                    statistics.format_p(d.get("p_ttest_holm")),
+                    statistics.format_p(d.get("p_tost_holm")),
+                    mdd,
+                    d.get("verdict", "-"),
+                ]
+            parts.append("| " + " | ".join(cells) + " |")
+        parts.append("")
+    if not parts:
+        return None
+    head = (
+        "Test MAP@R (%) of each claim's settings on 10 paired seeds; Δ = setting - reference,"
+        " mean ± 95% CI; Holm over the claim's rows; TOST against the margin declared in the"
+        " claim's config before it ran. From `docs/study/claims/<claim>/summary.json`.\n\n"
+    )
+    return head + "\n".join(parts)
+
+
 LATE = 5  # epochs: the end of the budget whose gain says whether a run was still improving
 
 
@@ -402,6 +450,10 @@ def wall_time_markdown(report: dict) -> str:
 
 
 def main(out: str, docs: str) -> int:
+    claims = claims_markdown(Path(out))
+    if claims is not None:
+        Path(docs).mkdir(parents=True, exist_ok=True)
+        (Path(docs) / "claims.md").write_text(claims)
     tuned = Path(out) / "tuned"
     if (tuned / "summary.json").is_file() and load_curves(tuned, PRIMARY):
         check = convergence_check(tuned)

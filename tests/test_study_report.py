@@ -190,14 +190,15 @@ def test_wall_time_sums_the_phases_of_timed_runs_and_counts_reused_ones(tmp_path
         metrics = {
             "name": "A",
             "status": "finished",
-            "test": {"mean_average_precision_at_r": 0.5},
+            "test": {"test": {"mean_average_precision_at_r": 0.5 + seed / 100}},
             "phase_seconds": {"setup": 0.5, "train": train, "validation": 1.0},
             "wall_seconds": train + 2.0,
         }
         if reused:
             metrics["reused_from"] = "elsewhere"
         (run / "metrics.json").write_text(json.dumps(metrics))
-    summary = {"total_wall_seconds": 20.0, "jobs": 2, "pictures_seconds": 1.0}
+    summary = study_report.summarize_dir(phase, write=False)  # what compare writes, plus:
+    summary |= {"total_wall_seconds": 20.0, "jobs": 2, "pictures_seconds": 1.0}
     (phase / "summary.json").write_text(json.dumps(summary))
     report = study_report.wall_time(phase)
     assert report["runs"] == 2 and report["reused_runs"] == 1 and report["untimed_runs"] == 0
@@ -234,3 +235,25 @@ def test_convergence_check_measures_the_late_gain_and_late_bests(tmp_path):
     assert m["late_gain"] == pytest.approx(0.06) and m["best_in_late"] == 1
     md = study_report.convergence_check_markdown(report)
     assert f"| m | 2 | 66.00 | {10 + late} | 6.00 | 1 |" in md
+
+
+def test_claims_table_reads_each_finished_claims_summary(tmp_path):
+    claim = tmp_path / "runs" / "claims" / "bins"
+    ref = [0.60, 0.62, 0.61, 0.63, 0.59, 0.60]
+    for seed, r in enumerate(ref, start=1):
+        _write_run(claim, "L=41", seed, r)
+        _write_run(claim, "L=5", seed, r - 0.03 + 0.001 * seed)
+    (tmp_path / "runs" / "claims" / "unfinished" / "x").mkdir(parents=True)  # no summary.json
+    assert study_report.claims_markdown(tmp_path / "runs") is None
+    summary = study_report.summarize_dir(claim, reference="L=41", write=False)
+    (claim / "summary.json").write_text(json.dumps(summary))
+    md = study_report.claims_markdown(tmp_path / "runs")
+    assert "### bins (reference: L=41; no equivalence margin)" in md
+    assert "unfinished" not in md
+    d = summary["differences"]["L=5"]["mean_average_precision_at_r"]
+    assert d["mean"] == pytest.approx(-0.03 + 0.0035)
+    row = [line for line in md.splitlines() if line.startswith("| L=5 |")][0]
+    assert "-2.65 ± " in row and row.endswith(f"| {d['verdict']} |") and d["verdict"] == "lower"
+    assert "| L=41 | 6 | 60.83 ± " in md and "(reference)" in md
+    study_report.main(str(tmp_path / "runs"), str(tmp_path / "docs"))
+    assert (tmp_path / "docs" / "claims.md").read_text() == md
