@@ -20,7 +20,7 @@ import numpy as np
 from ..experiment.methods import slug
 from ..running.pool import is_failed, is_refused
 from . import statistics, style
-from .tables import DEFAULT_PRIMARY, metric_label, test_metrics
+from .tables import DEFAULT_PRIMARY, evaluated_on, metric_label, split_title, test_metrics
 
 if TYPE_CHECKING:  # type hints only; matplotlib is imported lazily
     from matplotlib.axes import Axes
@@ -173,7 +173,10 @@ def recall_figure(results: dict) -> "Figure":
     ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(all_ks)))
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    style.label_axes(ax, "Test Recall@K (mean over runs, 95% CI)", "K", "test Recall@K (%)")
+    where = split_title({"evaluated_on": evaluated_on(r for runs in ok.values() for r in runs)})
+    style.label_axes(
+        ax, f"{where} Recall@K (mean over runs, 95% CI)", "K", f"{where.lower()} Recall@K (%)"
+    )
     if plotted:
         _legend(ax, plotted)
     else:
@@ -217,7 +220,7 @@ def differences_figure(summary: dict) -> "Figure | None":
     ref = summary.get("reference")
     style.label_axes(
         ax,
-        f"Test {label}: paired difference vs {ref} (95% CI)",
+        f"{split_title(summary)} {label}: paired difference vs {ref} (95% CI)",
         f"{label} of method − {label} of {ref} (points of %)",
         "method",
     )

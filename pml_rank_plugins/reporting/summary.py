@@ -28,6 +28,7 @@ from . import statistics
 from .plots import write_plots
 from .tables import (
     DEFAULT_PRIMARY,
+    evaluated_on,
     markdown_table,
     metric_order,
     test_metrics,
@@ -125,6 +126,13 @@ def summarize(
         rows[name] = row
     return {
         "label": label,
+        # where the numbers come from: a config without eval.test reports validation
+        "evaluated_on": evaluated_on(
+            m
+            for by_run in results.values()
+            for m in by_run.values()
+            if not is_failed(m) and not is_refused(m)
+        ),
         "metrics": metrics,
         "primary_metric": primary,
         "equivalence_margin": margin,
@@ -180,7 +188,9 @@ def summarize_dir(out_dir: str | Path, reference: str | None = None, write: bool
     """Recompute the comparison tables of ``out_dir`` from its run folders (no training).
 
     Useful after changing the statistics or adding seeds: ``summarize_dir("runs/omniglot")``
-    rewrites ``comparison.md``/``.csv``/``summary.json`` and the plots. The primary metric and
+    rewrites ``comparison.md``/``.csv``/``summary.json`` and the plots. What only the command
+    that trained the runs knew (``total_wall_seconds``, ``jobs``, ``tuned_from``, ``pictures``,
+    ...: every key of an existing ``summary.json`` that the statistics do not produce) is kept. The primary metric and
     the equivalence margin come from the saved ``config.yaml`` of the first method's first run
     (as ``compare`` takes them from the first method's config).
     """
@@ -193,6 +203,10 @@ def summarize_dir(out_dir: str | Path, reference: str | None = None, write: bool
     margin = equivalence_margin(config) if config else None
     summary = summarize(results, reference=reference, primary=primary, margin=margin)
     summary["seeds"] = max(len(r) for r in results.values())
+    previous = out_dir / "summary.json"
+    if previous.exists():  # keep the command's record (wall time, jobs, tuned_from, pictures...)
+        old = json.loads(previous.read_text())
+        summary.update({k: v for k, v in old.items() if k not in summary})
     if write:
         write_outputs(summary, results, out_dir)
     return summary

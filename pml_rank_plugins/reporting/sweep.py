@@ -31,7 +31,7 @@ from ..running.pool import execute, make_jobs
 from . import style
 from .compare import write_pictures
 from .summary import primary_metric, summarize, write_outputs
-from .tables import metric_label
+from .tables import metric_label, split_title
 
 
 def parse_grid(specs: Iterable[str]) -> dict[str, list[str]]:
@@ -188,6 +188,7 @@ def write_sweep_plots(summary: dict, out_dir: Path) -> list[Path]:
     grid, cells, rows = summary["grid"], summary["cells"], summary["rows"]
     primary = summary["primary_metric"]
     label_metric = metric_label(primary)
+    where = split_title(summary).lower()  # "validation" for a config without eval.test
     paths: list[Path] = []
     for key, values in grid.items():
         xs = _numeric(values)
@@ -232,9 +233,10 @@ def write_sweep_plots(summary: dict, out_dir: Path) -> list[Path]:
             ax.set_xticklabels(values)
         style.label_axes(
             ax,
-            f"{summary['method']}: test {label_metric} vs {key.split('.')[-1]} (mean, 95% band)",
+            f"{summary['method']}: {where} {label_metric} vs {key.split('.')[-1]}"
+            " (mean, 95% band)",
             key,
-            f"test {label_metric} (%)",
+            f"{where} {label_metric} (%)",
         )
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0, fontsize=10)
         paths += style.save_figure(fig, out_dir / f"sweep_{slug(key)}.png")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..experiment.spec import DEFAULT_PRIMARY
 from . import statistics
@@ -34,6 +34,32 @@ def test_metrics(m: dict) -> dict:
     for i, (entry, metrics) in enumerate(test.items()):
         out.update({(k if i == 0 else f"{entry} {k}"): v for k, v in metrics.items()})
     return out
+
+
+def reported_split(m: dict) -> str:
+    """Where a run's ``test`` metrics come from: ``"test"``, or ``"validation"`` when its config
+    evaluates no test split (``eval.test: []``) and the runner reported the best validation
+    epoch's metrics instead (then ``m["test"]`` is that epoch's validation entry, value for
+    value; runs of any version are recognized, nothing else is recorded)."""
+    test = m.get("test") or {}
+    epoch = (m.get("best") or {}).get("epoch")
+    row = next((h for h in m.get("history") or [] if h.get("epoch") == epoch), None)
+    if test and row is not None and test == row.get("validation"):
+        return "validation"
+    return "test"
+
+
+def evaluated_on(runs: Iterable[dict]) -> str:
+    """``"test"``, ``"validation"`` or ``"test and validation"`` over ``runs`` (metrics.json
+    contents of successful runs; ``"test"`` when there are none)."""
+    kinds = {reported_split(m) for m in runs}
+    return " and ".join(sorted(kinds)) if len(kinds) > 1 else (kinds.pop() if kinds else "test")
+
+
+def split_title(summary: Mapping) -> str:
+    """``"Test"``, ``"Validation"`` or ``"Test and validation"``: what a summary's tables and
+    plots show (``summary["evaluated_on"]``; ``"Test"`` for summaries written before it)."""
+    return summary.get("evaluated_on", "test").capitalize()
 
 
 def metric_label(metric: str) -> str:
@@ -86,9 +112,16 @@ def markdown_table(summary: dict, label: str = "method") -> str:
     seeds = summary.get("seeds")
     text = "\n".join(lines) + "\n\n"
     text += (
-        "Test metrics in %, at the best validation epoch: mean ± half-width of the 95% confidence"
-        f" interval (Student t) over n runs{f' (seeds, up to {seeds})' if seeds else ''}.\n"
+        f"{split_title(summary)} metrics in %, at the best validation epoch: mean ± half-width of"
+        " the 95% confidence interval (Student t) over n runs"
+        f"{f' (seeds, up to {seeds})' if seeds else ''}.\n"
     )
+    if "validation" in summary.get("evaluated_on", "test"):
+        text += (
+            "\n**No test split**: a config without `eval.test` reports its best validation"
+            " epoch's validation metrics, the values that chose that epoch (optimistic, not a"
+            " held-out estimate); compare methods on a test split.\n"
+        )
     # Fixed wording (not the run's --jobs): the table must come out the same when it is
     # recomputed from the run folders alone (summarize_dir), which do not record --jobs.
     text += "\n" + TIME_NOTE

@@ -70,3 +70,15 @@ def test_a_bad_margin_on_the_command_line_is_exit_2_naming_the_key(tmp_path, cap
     assert main(args) == 2
     assert "compare.equivalence_margin" in capsys.readouterr().err
     assert not out.exists() or not any(out.iterdir())  # nothing trained
+
+
+def test_summarize_dir_keeps_the_commands_record(tmp_path):
+    _write_runs(tmp_path, None)
+    first = summarize_dir(tmp_path, reference="ref")
+    record = {"total_wall_seconds": 4984.5, "jobs": 2, "tuned_from": "runs/t", "pictures": {}}
+    (tmp_path / "summary.json").write_text(json.dumps({**first, **record}))
+    again = summarize_dir(tmp_path, reference="better")  # the statistics change, the record not
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    for key, value in record.items():
+        assert again[key] == saved[key] == value
+    assert saved["reference"] == "better" and set(saved["differences"]) == {"ref", "close"}
