@@ -39,7 +39,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import copy
 import logging
-import multiprocessing as mp
 import os
 import socket
 import time
@@ -81,6 +80,7 @@ from .study import (  # noqa: F401 -- re-exported: tune's public names
     study_summary,
 )
 from .trial_resume import continued_trial, replay_reports, requeue_interrupted
+from .workers import adopt_parent, context, parent_state
 
 LOGGER = logging.getLogger(__name__)
 
@@ -289,7 +289,8 @@ def trial_line(method: str, study: optuna.Study, number: int, value, state: str)
     return f"[{method}] trial {number}: {shown} ({state}); {best_text}"
 
 
-def _worker_init(parent_pid: int) -> None:
+def _worker_init(parent_pid: int, state: dict) -> None:
+    adopt_parent(state)  # the tune's environment and standard streams, as under spawn
     exit_with_parent(parent_pid)
 
 
@@ -367,15 +368,18 @@ def _open_and_recover(job: TuneJob) -> tuple[optuna.Study, str]:
 
 
 def _run_workers(job: TuneJob, jobs: int) -> None:
-    """``jobs`` spawn workers on ``job``'s study; they die with this process. Trials always run
-    in spawn workers (also for ``--jobs 1``): they start with tqdm disabled, so the console gets
-    progress lines instead of PML's progress bars."""
-    ctx = mp.get_context("spawn")
+    """``jobs`` worker processes (:mod:`.workers`) on ``job``'s study; they die with this process.
+    Trials always run in workers (also for ``--jobs 1``): they start with tqdm disabled, so the
+    console gets progress lines instead of PML's progress bars."""
+    ctx = context()
     shared = (torch.get_num_threads(), dict(registry._USER))  # noqa: SLF001
     with (
         child_environment(TQDM_DISABLE="1"),
         cf.ProcessPoolExecutor(
-            jobs, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),)
+            jobs,
+            mp_context=ctx,
+            initializer=_worker_init,
+            initargs=(os.getpid(), parent_state(TQDM_DISABLE="1")),
         ) as ex,
     ):
         futures = [ex.submit(_worker, job, k, *shared) for k in range(jobs)]
