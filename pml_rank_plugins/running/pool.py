@@ -200,9 +200,9 @@ def execute(
     is in use by another live process, or unsafe, is returned as a ``refused_record``
     (``is_refused``).
 
-    ``n_jobs > 1`` runs them in that many worker processes (``running/workers.py``; each with
-    the parent's torch thread count and registered names, so results equal a sequential run);
-    worker ``k`` uses GPU ``k mod #GPUs`` when the device is ``cuda`` and several GPUs are visible.
+    ``n_jobs > 1`` runs them in that many worker processes (``running/workers.py``; each with the parent's
+    torch thread count and registered names, so results equal a sequential run); worker ``k``
+    uses GPU ``k mod #GPUs`` when the device is ``cuda`` and several GPUs are visible.
     Every run's log lines carry its label (``[name seed<S>] ...``, ``console.run_label``); workers'
     lines are printed by this process, workers draw no progress bars and exit if this process
     dies; lines repeated across runs are printed once with a count (:func:`repeated_logs_once`).
