@@ -200,7 +200,7 @@ def execute(
     is in use by another live process, or unsafe, is returned as a ``refused_record``
     (``is_refused``).
 
-    ``n_jobs > 1`` runs them in that many worker processes (``running/workers.py``; each with the parent's
+    ``n_jobs > 1`` runs them in that many worker processes (:mod:`.workers`; each with the parent's
     torch thread count and registered names, so results equal a sequential run); worker ``k``
     uses GPU ``k mod #GPUs`` when the device is ``cuda`` and several GPUs are visible.
     Every run's log lines carry its label (``[name seed<S>] ...``, ``console.run_label``); workers'
