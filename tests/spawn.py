@@ -19,15 +19,11 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from pml_rank_plugins.running import workers
-
 # The ranks are forked from one forkserver per test process, which imports these modules once
 # (4 s of CPU) instead of every rank importing them anew as under "spawn" (a pair of ranks: 9.4 s
 # of CPU with "spawn", 5.7 s with the forkserver, and 2.6 s for each further pair). The server is
 # a fresh process that only imported them (no threads, no process group) when it forks a rank.
-# It is the package's own (pml_rank_plugins.running.workers.context: the compare and tune pools
-# of this test process fork their workers from it too), so only one server imports them.
-PRELOAD = workers.PRELOAD
+PRELOAD = ["torch", "torch.distributed", "pytorch_metric_learning", "pml_rank_plugins.running"]
 
 
 def _stop_forkserver() -> None:
@@ -58,10 +54,10 @@ def spawn_two(worker, args: tuple, prefix: str) -> None:
         torch.multiprocessing.ProcessExitedException: a rank failed, or was killed before both
             ranks called :func:`torn_down`.
     """
-    # "spawn" only where a forkserver started by other code runs (workers.context)
-    method = workers.context().get_start_method()
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # takes effect when the server starts: the first call
     try:
-        mp.start_processes(worker, args=args, nprocs=2, join=True, start_method=method)
+        mp.start_processes(worker, args=args, nprocs=2, join=True, start_method="forkserver")
     except mp.ProcessExitedException as error:
         if error.signal_name != "SIGABRT" or not all(
             _marker(prefix, rank).exists() for rank in range(2)

@@ -3,11 +3,9 @@
 A parent killed with ``kill -9`` never shuts its pool down, so its workers would train on,
 orphaned, holding memory and run folders. :func:`exit_with_parent`, called first thing in a
 worker: on Linux ``PR_SET_PDEATHSIG`` (the kernel sends SIGKILL when the thread that started the
-worker ends: the forkserver's, :mod:`.workers`, or the pool's under ``spawn``), and everywhere a
-daemon thread that exits the worker once the pool's process ``parent_pid`` is gone or the
-worker's own parent changed (within :data:`PARENT_POLL_S`). The pool's process is watched by pid
-since a forked worker's parent is the forkserver, which outlives the pool's process as long as
-one of its workers runs.
+worker ends; the pools here start their workers from the thread that waits for them), and
+everywhere a daemon thread that exits the worker once its parent pid is no longer its parent
+(within :data:`PARENT_POLL_S`).
 """
 
 from __future__ import annotations
@@ -32,16 +30,13 @@ def exit_with_parent(parent_pid: int) -> None:
         if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
             LOGGER.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
     threading.Thread(
-        target=_watch_parent,
-        args=(parent_pid, os.getppid()),
-        name="pml-rank-parent-watch",
-        daemon=True,
+        target=_watch_parent, args=(parent_pid,), name="pml-rank-parent-watch", daemon=True
     ).start()
 
 
-def _watch_parent(parent_pid: int, os_parent: int) -> None:
-    # a parent gone before prctl took effect: getppid() differs already, or parent_pid is gone
-    while os.getppid() == os_parent and pid_alive(parent_pid):
+def _watch_parent(parent_pid: int) -> None:
+    # the parent may already be gone before prctl took effect; getppid() then differs
+    while os.getppid() == parent_pid:
         time.sleep(PARENT_POLL_S)
     os._exit(1)
 

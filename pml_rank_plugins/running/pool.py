@@ -2,8 +2,7 @@
 
 Every (method, seed) is an ordinary :func:`.runner.train` run in ``OUT/<method>/seed<S>``
 (``S``: the seed it trains).
-:func:`execute` runs a list of :class:`Job` in this process or in ``K`` worker processes
-(:mod:`.workers`: forked from a server that imported torch and this package once);
+:func:`execute` runs a list of :class:`Job` in this process or in ``K`` ``spawn`` worker processes;
 a run that raises (crash, non-finite loss, a bad object) is recorded in ``RUN_DIR/failed.json``
 and returned as a failure record (:func:`is_failed`), and the other runs complete. Each run holds
 its folder's lock from before its first write to after its last, so a run whose folder another
@@ -24,6 +23,7 @@ import contextlib
 import json
 import logging
 import logging.handlers
+import multiprocessing as mp
 import os
 import socket
 import time
@@ -47,7 +47,6 @@ from .console import (
 )
 from .jobs import FAILED_FILE, Job, check_inside, is_failed, is_refused, make_jobs, refused_record
 from .parent import exit_with_parent
-from .workers import adopt_parent, context, parent_state
 
 # Callers import the jobs' names from here too (they lived in this module).
 __all__ = [
@@ -70,10 +69,9 @@ _WORKER_SLOT: int | None = None
 
 
 def _worker_init(
-    slots, num_threads: int, registered: dict, parent_pid: int, log_queue, levels: dict, state
+    slots, num_threads: int, registered: dict, parent_pid: int, log_queue, levels: dict
 ) -> None:
     global _WORKER_SLOT
-    adopt_parent(state)  # the pool's environment and standard streams, as under spawn
     exit_with_parent(parent_pid)  # one helper for compare and tune workers
     log_to_parent(log_queue, levels)
     _WORKER_SLOT = slots.get()
@@ -200,7 +198,7 @@ def execute(
     is in use by another live process, or unsafe, is returned as a ``refused_record``
     (``is_refused``).
 
-    ``n_jobs > 1`` runs them in that many worker processes (:mod:`.workers`; each with the parent's
+    ``n_jobs > 1`` runs them in that many ``spawn`` worker processes (each with the parent's
     torch thread count and registered names, so results equal a sequential run); worker ``k``
     uses GPU ``k mod #GPUs`` when the device is ``cuda`` and several GPUs are visible.
     Every run's log lines carry its label (``[name seed<S>] ...``, ``console.run_label``); workers'
@@ -248,7 +246,7 @@ def refuse_used_folders(jobs: Sequence[Job]) -> None:
 
 
 def _run_in_workers(jobs, results, resume, device, n_jobs: int, overwrite: bool, bar: dict):
-    ctx = context()
+    ctx = mp.get_context("spawn")
     slots = ctx.Queue()
     for k in range(n_jobs):
         slots.put(k)
@@ -261,7 +259,6 @@ def _run_in_workers(jobs, results, resume, device, n_jobs: int, overwrite: bool,
         os.getpid(),
         log_queue,
         logger_levels(),
-        parent_state(TQDM_DISABLE="1"),
     )
     listener.start()
     try:

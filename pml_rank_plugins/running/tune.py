@@ -39,6 +39,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import copy
 import logging
+import multiprocessing as mp
 import os
 import socket
 import time
@@ -80,7 +81,6 @@ from .study import (  # noqa: F401 -- re-exported: tune's public names
     study_summary,
 )
 from .trial_resume import continued_trial, replay_reports, requeue_interrupted
-from .workers import adopt_parent, context, parent_state
 
 LOGGER = logging.getLogger(__name__)
 
@@ -289,8 +289,7 @@ def trial_line(method: str, study: optuna.Study, number: int, value, state: str)
     return f"[{method}] trial {number}: {shown} ({state}); {best_text}"
 
 
-def _worker_init(parent_pid: int, state: dict) -> None:
-    adopt_parent(state)  # the tune's environment and standard streams, as under spawn
+def _worker_init(parent_pid: int) -> None:
     exit_with_parent(parent_pid)
 
 
@@ -368,18 +367,15 @@ def _open_and_recover(job: TuneJob) -> tuple[optuna.Study, str]:
 
 
 def _run_workers(job: TuneJob, jobs: int) -> None:
-    """``jobs`` worker processes (:mod:`.workers`) on ``job``'s study; they die with this process.
-    Trials always run in workers (also for ``--jobs 1``): they start with tqdm disabled, so the
-    console gets progress lines instead of PML's progress bars."""
-    ctx = context()
+    """``jobs`` spawn workers on ``job``'s study; they die with this process. Trials always run
+    in spawn workers (also for ``--jobs 1``): they start with tqdm disabled, so the console gets
+    progress lines instead of PML's progress bars."""
+    ctx = mp.get_context("spawn")
     shared = (torch.get_num_threads(), dict(registry._USER))  # noqa: SLF001
     with (
         child_environment(TQDM_DISABLE="1"),
         cf.ProcessPoolExecutor(
-            jobs,
-            mp_context=ctx,
-            initializer=_worker_init,
-            initargs=(os.getpid(), parent_state(TQDM_DISABLE="1")),
+            jobs, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),)
         ) as ex,
     ):
         futures = [ex.submit(_worker, job, k, *shared) for k in range(jobs)]
