@@ -87,7 +87,7 @@ def markdown(summary: Mapping, primary: str) -> str:
         f"Storage: `{summary['storage']}`.",
         "",
         "| method | best value (%) | best trial | trials | complete | pruned | failed | "
-        "interrupted | wall (s) | best parameters |",
+        "interrupted | trial seconds | best parameters |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for method, s in summary["methods"].items():
@@ -100,15 +100,22 @@ def markdown(summary: Mapping, primary: str) -> str:
         lines.append(
             f"| {method} | {best} | {s['best_trial'] if s['best_trial'] is not None else '-'} | "
             f"{s['n_trials']} | {st.get('complete', 0)} | {st.get('pruned', 0)} | "
-            f"{st.get('fail', 0) - stopped} | {stopped} | {s['wall_seconds']:.1f} | "
+            f"{st.get('fail', 0) - stopped} | {stopped} | {_seconds(s)} | "
             f"{params or '-'} |"
         )
     lines += [
         "",
-        "Wall time is this call's and depends on `--jobs` and the machine's load. Re-train the "
-        "best parameters on fresh seeds with `pml-rank compare CONFIG --tuned OUT`.",
+        "Trial seconds: the summed durations of the study's finished trials, over every `tune`"
+        " call that ran them, interrupted trials left out (with `--jobs` above 1 they overlap;"
+        " they depend on the machine's load). Re-train the best parameters on fresh seeds with `pml-rank compare CONFIG"
+        " --tuned OUT`.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _seconds(s: Mapping) -> str:
+    """``trial_seconds`` (``tune.json`` files written before it: ``-``)."""
+    return "-" if s.get("trial_seconds") is None else f"{s['trial_seconds']:,.0f}"
 
 
 def _short(value) -> str:

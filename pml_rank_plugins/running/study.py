@@ -247,7 +247,10 @@ def study_summary(study: optuna.Study, wall_seconds: float, config: Mapping) -> 
     ``best_trial``, ``n_trials`` (the trials that count: complete + pruned + failed + running,
     interrupted ones apart), ``n_interrupted`` (FAIL trials whose process was killed, see
     :func:`is_interrupted`), ``states`` (count per state, interrupted ones included in
-    ``fail``), ``wall_seconds`` (this call), ``seed`` (every trial's),
+    ``fail``), ``wall_seconds`` (this call), ``trial_seconds`` (the summed durations of every
+    finished trial of the study, over all the calls that ran them; an interrupted trial is left
+    out: its end is when a later call marked it, not when its process died, and the trial that
+    continued it counts), ``seed`` (every trial's),
     ``direction`` (always ``maximize``); :func:`tune` adds ``config``, ``config_hash`` and
     ``data_root``."""
     trials = study.get_trials(deepcopy=False)
@@ -264,6 +267,11 @@ def study_summary(study: optuna.Study, wall_seconds: float, config: Mapping) -> 
         "n_interrupted": sum(is_interrupted(t) for t in trials),
         "states": states,
         "wall_seconds": wall_seconds,
+        "trial_seconds": sum(
+            t.duration.total_seconds()
+            for t in trials
+            if t.duration is not None and not is_interrupted(t)
+        ),
         "seed": RunSpec.of(config).seed,
         "direction": study.direction.name.lower(),
     }

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 
+import optuna
 import pytest
 import yaml
 
 from pml_rank_plugins.cli import main
 from pml_rank_plugins.experiment.schema import load_yaml
 from pml_rank_plugins.reporting.tune_report import markdown
+from pml_rank_plugins.running.study import is_interrupted, study_summary
 from tests.running.test_tune import (  # noqa: F401 (fixtures)
     glyph_config,
     png_plots_only,
     workers_in_process,
 )
+from tests.tiny import tiny_config
 
 
 def write(path, config) -> str:
@@ -85,11 +89,36 @@ def test_markdown_counts_every_state():
         },
     }
     row = next(line for line in markdown(summary, "precision_at_1").splitlines() if "| m |" in line)
-    assert row == "| m | 50.00 | 2 | 4 | 2 | 1 | 1 | 0 | 3.0 | `a.b`=0.001 |"
+    assert row == "| m | 50.00 | 2 | 4 | 2 | 1 | 1 | 0 | - | `a.b`=0.001 |"
     # an interrupted trial is FAIL in the study but shown apart, outside "trials"
     summary["methods"]["m"].update(n_interrupted=1, states={"complete": 2, "pruned": 1, "fail": 2})
     row = next(line for line in markdown(summary, "precision_at_1").splitlines() if "| m |" in line)
-    assert row == "| m | 50.00 | 2 | 4 | 2 | 1 | 1 | 1 | 3.0 | `a.b`=0.001 |"
+    assert row == "| m | 50.00 | 2 | 4 | 2 | 1 | 1 | 1 | - | `a.b`=0.001 |"
+    # the study's trial seconds over every call, not this call's wall time (a no-op call: 0.1)
+    summary["methods"]["m"].update(wall_seconds=0.1, trial_seconds=4321.4)
+    row = next(line for line in markdown(summary, "precision_at_1").splitlines() if "| m |" in line)
+    assert row == "| m | 50.00 | 2 | 4 | 2 | 1 | 1 | 1 | 4,321 | `a.b`=0.001 |"
+
+
+def test_study_summary_sums_the_finished_trials_durations():
+    study = optuna.create_study(direction="maximize")
+    for value in (0.2, 0.4):
+        trial = study.ask()
+        study.tell(trial, value)
+    study.ask()  # running: no end, adds nothing
+    trials = study.get_trials(deepcopy=False)
+    for t, seconds in zip(trials, (30, 90, 500)):  # storage times made known
+        t.datetime_start = datetime.datetime(2026, 1, 1)
+        if t.datetime_complete is not None:
+            t.datetime_complete = t.datetime_start + datetime.timedelta(seconds=seconds)
+    out = study_summary(study, 0.1, tiny_config())
+    assert out["trial_seconds"] == pytest.approx(120.0) and out["wall_seconds"] == 0.1
+    # an interrupted trial (killed, marked failed by a later call) is left out
+    interrupted = study.ask()
+    study.tell(interrupted, state=optuna.trial.TrialState.FAIL)
+    study.get_trials(deepcopy=False)[-1].datetime_complete = datetime.datetime(2026, 1, 2)
+    assert is_interrupted(study.get_trials(deepcopy=False)[-1])
+    assert study_summary(study, 0.1, tiny_config())["trial_seconds"] == pytest.approx(120.0)
 
 
 def test_history_carries_the_best_over_pruned_and_failed_trials():
