@@ -31,7 +31,8 @@ from its run folders (``reporting.summary.summarize_dir``, nothing trained, the 
 highest mean test primary metric. That reference is chosen after seeing the test results, which
 the page states: it is the method the others must be shown not to trail.
 
-Did the tuned settings converge at the budget? (``DOCS/tuned/convergence.md`` and ``.json``):
+Did the tuned (and default) settings converge at the budget? (``DOCS/<phase>/convergence.md``
+and ``.json``, for ``tuned`` and ``defaults``):
 the probe's analysis (:func:`convergence`) on the tuned runs' validation curves, plus, per method,
 how much the mean best-so-far curve still rose over the last ``LATE`` epochs and how many runs
 had their best epoch among them. The budget came from the probe at default settings; this says
@@ -454,12 +455,13 @@ def main(out: str, docs: str) -> int:
     if claims is not None:
         Path(docs).mkdir(parents=True, exist_ok=True)
         (Path(docs) / "claims.md").write_text(claims)
-    tuned = Path(out) / "tuned"
-    if (tuned / "summary.json").is_file() and load_curves(tuned, PRIMARY):
-        check = convergence_check(tuned)
-        (Path(docs) / "tuned").mkdir(parents=True, exist_ok=True)
-        (Path(docs) / "tuned" / "convergence.json").write_text(json.dumps(check, indent=2))
-        (Path(docs) / "tuned" / "convergence.md").write_text(convergence_check_markdown(check))
+    for phase in ("tuned", "defaults"):  # the budget's fit to each phase's settings
+        folder = Path(out) / phase
+        if (folder / "summary.json").is_file() and load_curves(folder, PRIMARY):
+            check = convergence_check(folder)
+            (Path(docs) / phase).mkdir(parents=True, exist_ok=True)
+            (Path(docs) / phase / "convergence.json").write_text(json.dumps(check, indent=2))
+            (Path(docs) / phase / "convergence.md").write_text(convergence_check_markdown(check))
     phases = ["tuned", "defaults"] + [
         f"claims/{p.name}" for p in sorted((Path(out) / "claims").glob("*")) if p.is_dir()
     ]
