@@ -12,7 +12,8 @@
 #   tune      30 TPE trials per method (the config's tune section), --jobs 2
 #   tuned     the best setting of each method, 10 seeds (seeds 1-10), test at the best epoch
 #   defaults  each method at its default setting on the same 10 seeds (paired with `tuned`)
-#   claims    the papers' six claims at this budget, each from its loss's tuned setting
+#   claims    the papers' six claims at this budget (claim 4's class balancing again, at batch 88,
+#             in class_balancing: at batch 80 it is a no-op), each from its loss's tuned setting
 #             (configs/claims/*.yaml; 10 paired seeds, 1-10); CLAIMS="a b" runs a subset. A
 #             setting whose config equals a tuned run's in every key but its name is copied from
 #             OUT/tuned, not trained again (scripts/study_reuse.py; 4 settings x 10 seeds)
@@ -35,7 +36,7 @@ CONFIG=studies/omniglot
 PROBE_METHODS="plugin FastAP,plugin RankedList,PML Contrastive"
 PHASES=("$@")
 if [ ${#PHASES[@]} -eq 0 ]; then PHASES=(probe tune tuned defaults claims publish); fi
-ALL_CLAIMS="hard_vs_random map_q_vs_t rll_margin_tn rll_query_weighting fastap_bins batch_size"
+ALL_CLAIMS="hard_vs_random map_q_vs_t rll_margin_tn rll_query_weighting fastap_bins batch_size class_balancing"
 CLAIMS=${CLAIMS:-$ALL_CLAIMS}
 
 cli() { "$PYTHON" -m pml_rank_plugins "$@"; }

@@ -8,7 +8,9 @@ Each claim must start from its loss's tuned setting and change only what the cla
 * the claim's first method (its reference) is the study's method with the study's recorded best
   parameters applied (``docs/study/tune/tune.json`` when published, else the committed Optuna
   storage ``docs/study/tune/tune.db``);
-* every other method differs from the reference only at the keys this file declares for it.
+* every other method differs from the reference only at the keys this file declares for it;
+* a reference may leave the study's setting only where this file says so (``REFERENCE_CHANGES``:
+  class balancing needs batches with classes of unequal size).
 
 The expected values are read from the study's files, never from the claim configs; a tuning
 that moves a best parameter (e.g. topped-up trials) fails here until the claims follow.
@@ -19,16 +21,25 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
+import torch
 import yaml
+
+from pml_rank_plugins.experiment import builder, collect_methods
+from pml_rank_plugins.losses import QuantizedAPLoss
+from tests.data.conftest import shared_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ROOT / "configs" / "studies" / "omniglot.yaml"
 CLAIMS = ROOT / "configs" / "claims"
 TUNED = ROOT / "docs" / "study" / "tune"
+DATA_ROOT = shared_dir() / "data"  # the repository's data root (--data-root ../shared/data)
+SMALL1 = DATA_ROOT / "omniglot" / "images_background_small1.zip"
 
 # claim -> (the study's method it starts from, {method: the dotted key paths it may change})
 DECLARED: dict[str, tuple[str, dict[str, set[str]]]] = {
@@ -69,12 +80,20 @@ DECLARED: dict[str, tuple[str, dict[str, set[str]]]] = {
         "plugin RankedList",
         {"weight share (Caffe layer)": {"loss_funcs.metric_loss.query_weighting"}},
     ),
+    "class_balancing": (
+        "plugin QuantizedAP",
+        {"mAP_Q unbalanced (batch 88)": {"loss_funcs.metric_loss.class_balanced"}},
+    ),
 }
+# a reference that must leave the study's setting for its claim to be testable, and how:
+# class balancing is a no-op at batch 80 (test_class_balancing_changes_the_loss_at_batch_88)
+REFERENCE_CHANGES = {"class_balancing": {"trainer.MetricLossOnly.batch_size": 88}}
 # keys a claim's reference may add to the study's method: options whose value is the class's
 # default (stated explicitly in the claim so its variants read as one change)
 EXPLICIT_DEFAULTS = {
     "map_q_vs_t": {"loss_funcs.metric_loss.class_balanced": True},
     "rll_query_weighting": {"loss_funcs.metric_loss.query_weighting": "mean"},
+    "class_balancing": {"loss_funcs.metric_loss.class_balanced": True},
 }
 
 
@@ -179,7 +198,10 @@ def test_a_claim_is_the_study_at_its_tuned_setting_but_for_what_it_tests(claim, 
     expected = merge(shared, {k: v for k, v in study["methods"][source].items() if k != "tune"})
     for path, value in tuned[source].items():
         set_path(expected, path, value)
-    for path, value in EXPLICIT_DEFAULTS.get(claim, {}).items():
+    for path, value in {
+        **EXPLICIT_DEFAULTS.get(claim, {}),
+        **REFERENCE_CHANGES.get(claim, {}),
+    }.items():
         set_path(expected, path, value)
     reference_name = next(iter(methods))
     reference = merge(config, methods[reference_name])
@@ -218,3 +240,36 @@ def test_the_study_driver_runs_every_claim():
     script = (ROOT / "scripts" / "run_study.sh").read_text()
     line = next(x for x in script.splitlines() if x.startswith("ALL_CLAIMS="))
     assert sorted(line.split("=", 1)[1].strip('"').split()) == sorted(DECLARED)
+
+
+@pytest.mark.slow  # decodes the Omniglot zip once (a few seconds) and builds the setting
+def test_class_balancing_changes_the_loss_at_batch_88():
+    """At the study's batch of 80 every class of a batch has its 20 images, so the balanced and
+    unbalanced mAP_Q are the same loss (claim map_q_vs_t trained bit-identical runs); the
+    class_balancing claim's batch of 88 holds classes of 20 and of 4 images, where they differ."""
+    if not SMALL1.is_file():
+        pytest.fail(f"Omniglot data missing: {SMALL1}")
+    methods = collect_methods([CLAIMS / "class_balancing.yaml"], [], None, str(DATA_ROOT))
+    exp = builder.build_experiment(next(iter(methods.values())).config)
+    labels_all = np.asarray(exp.datasets["train"].labels)[:, 0]
+    batches = list(exp.sampler)[:5]
+    emb = torch.randn(88, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for batch in batches:
+        labels = labels_all[np.asarray(batch)]
+        assert sorted(Counter(labels.tolist()).values()) == [4, 4, 20, 20, 20, 20]
+    labels = torch.as_tensor(labels_all[np.asarray(batches[0])])
+    balanced = QuantizedAPLoss(num_bins=46, class_balanced=True)(emb, labels)
+    plain = QuantizedAPLoss(num_bins=46, class_balanced=False)(emb, labels)
+    assert not torch.allclose(balanced, plain)
+    # and at batch 80 (the map_q_vs_t claim's) they are the same loss
+    cfg = load(CLAIMS / "map_q_vs_t.yaml")
+    cfg80 = collect_methods([CLAIMS / "map_q_vs_t.yaml"], [], None, str(DATA_ROOT))
+    exp80 = builder.build_experiment(next(iter(cfg80.values())).config)
+    batch80 = next(iter(exp80.sampler))
+    labels80 = torch.as_tensor(np.asarray(exp80.datasets["train"].labels)[np.asarray(batch80), 0])
+    assert cfg["trainer"]["MetricLossOnly"]["batch_size"] == len(batch80) == 80
+    emb80 = emb[:80]
+    torch.testing.assert_close(
+        QuantizedAPLoss(num_bins=46, class_balanced=True)(emb80, labels80),
+        QuantizedAPLoss(num_bins=46, class_balanced=False)(emb80, labels80),
+    )
