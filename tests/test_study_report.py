@@ -36,17 +36,21 @@ def test_budget_is_where_the_best_methods_mean_comes_within_half_a_point():
     assert report["best_method"] == "a" and report["budget_epochs"] == 3
 
 
+def _write_curve(run: Path, vals: list[float]) -> None:
+    """A finished run of method ``m`` whose validation MAP@R per epoch is ``vals``."""
+    run.mkdir(parents=True)
+    history = [
+        {"epoch": i + 1, "validation": {"val": {"mean_average_precision_at_r": v}}}
+        for i, v in enumerate(vals)
+    ]
+    (run / "metrics.json").write_text(
+        json.dumps({"name": "m", "status": "finished", "history": history})
+    )
+
+
 def test_main_writes_the_report_from_run_folders(tmp_path):
     for seed, vals in (("seed0", [0.4, 0.5]), ("seed1", [0.45, 0.5])):
-        run = tmp_path / "runs" / "probe" / "m" / seed
-        run.mkdir(parents=True)
-        history = [
-            {"epoch": i + 1, "validation": {"val": {"mean_average_precision_at_r": v}}}
-            for i, v in enumerate(vals)
-        ]
-        (run / "metrics.json").write_text(
-            json.dumps({"name": "m", "status": "finished", "history": history})
-        )
+        _write_curve(tmp_path / "runs" / "probe" / "m" / seed, vals)
     assert study_report.main(str(tmp_path / "runs"), str(tmp_path / "docs")) == 0
     report = json.loads((tmp_path / "docs" / "probe" / "convergence.json").read_text())
     assert report["budget_epochs"] == 2 and report["methods"]["m"]["seeds"] == 2
@@ -220,15 +224,7 @@ def test_convergence_check_measures_the_late_gain_and_late_bests(tmp_path):
         "seed2": [0.5] * 5 + [0.7] * (late + 5),  # flat since epoch 6
     }
     for seed, vals in curves.items():
-        run = tmp_path / "tuned" / "m" / seed
-        run.mkdir(parents=True)
-        history = [
-            {"epoch": i + 1, "validation": {"val": {"mean_average_precision_at_r": v}}}
-            for i, v in enumerate(vals)
-        ]
-        (run / "metrics.json").write_text(
-            json.dumps({"name": "m", "status": "finished", "history": history})
-        )
+        _write_curve(tmp_path / "tuned" / "m" / seed, vals)
     report = study_report.convergence_check(tmp_path / "tuned")
     m = report["methods"]["m"]
     # mean best-so-far: end (0.62 + 0.7) / 2, LATE epochs before (0.5 + 0.7) / 2
