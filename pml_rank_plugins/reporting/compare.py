@@ -21,6 +21,7 @@ before the first run (:func:`pml_rank_plugins.experiment.methods.check_methods`)
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -73,6 +74,8 @@ def run_comparison(
     (after the tuning seed); a ``--set`` that changes the tuned budget is a ConfigError unless
     ``allow_budget_change`` (``experiment.tuned.tuned_configs``). ``summary["tuned_from"]``,
     ``tuned_params``, ``tuned_config_hash`` and ``budget_changes`` record what was trained.
+    ``summary["commands"]``: the wall seconds of every command that wrote ``out_dir`` (a
+    ``resume`` adds itself); ``total_wall_seconds`` and ``pictures_seconds`` are their sums.
     ``pictures``: draw each method's retrieval pictures (:func:`write_pictures`, with a progress
     bar); ``False`` draws none and leaves pictures already in ``out_dir`` untouched; with ``resume``
     only missing or out-of-date ones are drawn.
@@ -101,6 +104,7 @@ def run_comparison(
     summary = summarize(
         results, reference=reference, primary=first.eval.primary_metric, margin=margin
     )
+    previous = read_commands(out_dir) if resume else []
     summary["total_wall_seconds"] = time.perf_counter() - t_all
     summary["seeds"] = seeds
     summary["jobs"] = jobs
@@ -116,9 +120,46 @@ def run_comparison(
             # where the command's wall time goes (the runs' own phases are in metrics.json)
             summary["pictures_seconds"] = time.perf_counter() - t_pictures
             summary["total_wall_seconds"] = time.perf_counter() - t_all
+        add_command(summary, previous, jobs)
         write_outputs(summary, results, out_dir)
     distributed.barrier()
     return summary
+
+
+def read_commands(out_dir: Path) -> list[dict]:
+    """The commands that wrote ``out_dir/summary.json`` before (``summary["commands"]``), for a
+    ``--resume`` to add itself to. A summary written before the list existed counts as one
+    command with its ``total_wall_seconds`` / ``pictures_seconds``; no summary: none."""
+    path = out_dir / "summary.json"
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    if "commands" in old:
+        return list(old["commands"])
+    if "total_wall_seconds" not in old:
+        return []
+    keys = ("total_wall_seconds", "pictures_seconds", "jobs")
+    return [{k: old[k] for k in keys if k in old}]
+
+
+def add_command(summary: dict, previous: list[dict], jobs: int) -> None:
+    """Record this command in ``summary["commands"]`` after the ``previous`` ones, and make
+    ``total_wall_seconds`` / ``pictures_seconds`` their sums: a ``--resume`` (one that trains
+    the rest of an interrupted comparison, or nothing) adds its own seconds to the record instead
+    of replacing the wall time of the commands that trained the runs. A command that drew no
+    pictures spent 0 s on them; one whose picture time was not recorded (a summary written
+    before it was) makes the sum unknown, and ``pictures_seconds`` is then left out."""
+    this = {
+        "total_wall_seconds": summary["total_wall_seconds"],
+        "pictures_seconds": summary.get("pictures_seconds", 0.0),
+        "jobs": jobs,
+    }
+    commands = previous + [this]
+    summary["commands"] = commands
+    summary["total_wall_seconds"] = sum(c["total_wall_seconds"] for c in commands)
+    summary.pop("pictures_seconds", None)
+    if all("pictures_seconds" in c for c in commands):
+        summary["pictures_seconds"] = sum(c["pictures_seconds"] for c in commands)
 
 
 def write_pictures(

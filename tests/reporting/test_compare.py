@@ -244,3 +244,42 @@ def test_compare_into_a_used_folder_is_refused_unless_resume_or_overwrite(
     )
     assert calls == [("seed0", False, True)]  # the runner replaces only the run's own outputs
     assert summary["failed"]
+
+
+def test_a_resume_adds_its_seconds_to_the_commands_that_trained_the_runs(tmp_path, finished):
+    # The study's claims: `run_study.sh claims` resumed every finished claim, and each resume
+    # (training nothing, 4 s) replaced the 562 s of the command that trained the claim.
+    out, summary = copy_of(finished, tmp_path / "cmp")
+    trained = summary["total_wall_seconds"]
+    assert summary["pictures_seconds"] == 0.0  # --no-pictures: none drawn
+    assert summary["commands"] == [
+        {"total_wall_seconds": trained, "pictures_seconds": 0.0, "jobs": 1}
+    ]
+    again = dict(seeds=2, overrides=FAST[1::2], reference="MultiSimilarity", pictures=False)
+    config = finished[0].parent / "two.yaml"
+    resumed = compare.run_comparison(config, out, resume=True, **again)
+    first, second = resumed["commands"]
+    assert first == summary["commands"][0] and 0 < second["total_wall_seconds"] < trained
+    assert resumed["total_wall_seconds"] == trained + second["total_wall_seconds"]
+    assert json.loads((out / "summary.json").read_text())["commands"] == [first, second]
+    # A summary written before the list existed counts as one command.
+    legacy = json.loads((out / "summary.json").read_text())
+    legacy.pop("commands")
+    legacy |= {"total_wall_seconds": 561.9, "pictures_seconds": 2.5, "jobs": 2}
+    (out / "summary.json").write_text(json.dumps(legacy))
+    resumed = compare.run_comparison(config, out, resume=True, **again)
+    assert resumed["commands"][0] == {
+        "total_wall_seconds": 561.9,
+        "pictures_seconds": 2.5,
+        "jobs": 2,
+    }
+    assert resumed["total_wall_seconds"] == 561.9 + resumed["commands"][1]["total_wall_seconds"]
+    assert resumed["pictures_seconds"] == 2.5  # this command drew none
+    # ... one without the picture time leaves the sum unknown, not a partial sum
+    legacy = {k: v for k, v in legacy.items() if k != "pictures_seconds"}
+    (out / "summary.json").write_text(json.dumps(legacy))
+    resumed = compare.run_comparison(config, out, resume=True, **again)
+    assert "pictures_seconds" not in resumed and "pictures_seconds" not in resumed["commands"][0]
+    # Not resuming: the folder's runs are replaced, and so is the record.
+    fresh = compare.run_comparison(config, out, overwrite=True, **again)
+    assert [c["total_wall_seconds"] for c in fresh["commands"]] == [fresh["total_wall_seconds"]]
