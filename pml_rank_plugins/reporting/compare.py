@@ -21,7 +21,6 @@ before the first run (:func:`pml_rank_plugins.experiment.methods.check_methods`)
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from ..experiment.tuned import load_tuned, tuned_configs
 from ..running import distributed
 from ..running.pool import Job, execute, is_failed, is_refused, make_jobs
 from . import retrieval
-from .summary import summarize, write_outputs
+from .summary import add_command, read_commands, summarize, write_outputs
 
 LOGGER = logging.getLogger(__name__)
 
@@ -104,7 +103,7 @@ def run_comparison(
     summary = summarize(
         results, reference=reference, primary=first.eval.primary_metric, margin=margin
     )
-    previous = read_commands(out_dir) if resume else []
+    previous = read_commands(out_dir / "summary.json") if resume else []
     summary["total_wall_seconds"] = time.perf_counter() - t_all
     summary["seeds"] = seeds
     summary["jobs"] = jobs
@@ -124,42 +123,6 @@ def run_comparison(
         write_outputs(summary, results, out_dir)
     distributed.barrier()
     return summary
-
-
-def read_commands(out_dir: Path) -> list[dict]:
-    """The commands that wrote ``out_dir/summary.json`` before (``summary["commands"]``), for a
-    ``--resume`` to add itself to. A summary written before the list existed counts as one
-    command with its ``total_wall_seconds`` / ``pictures_seconds``; no summary: none."""
-    path = out_dir / "summary.json"
-    if not path.exists():
-        return []
-    old = json.loads(path.read_text())
-    if "commands" in old:
-        return list(old["commands"])
-    if "total_wall_seconds" not in old:
-        return []
-    keys = ("total_wall_seconds", "pictures_seconds", "jobs")
-    return [{k: old[k] for k in keys if k in old}]
-
-
-def add_command(summary: dict, previous: list[dict], jobs: int) -> None:
-    """Record this command in ``summary["commands"]`` after the ``previous`` ones, and make
-    ``total_wall_seconds`` / ``pictures_seconds`` their sums: a ``--resume`` (one that trains
-    the rest of an interrupted comparison, or nothing) adds its own seconds to the record instead
-    of replacing the wall time of the commands that trained the runs. A command that drew no
-    pictures spent 0 s on them; one whose picture time was not recorded (a summary written
-    before it was) makes the sum unknown, and ``pictures_seconds`` is then left out."""
-    this = {
-        "total_wall_seconds": summary["total_wall_seconds"],
-        "pictures_seconds": summary.get("pictures_seconds", 0.0),
-        "jobs": jobs,
-    }
-    commands = previous + [this]
-    summary["commands"] = commands
-    summary["total_wall_seconds"] = sum(c["total_wall_seconds"] for c in commands)
-    summary.pop("pictures_seconds", None)
-    if all("pictures_seconds" in c for c in commands):
-        summary["pictures_seconds"] = sum(c["pictures_seconds"] for c in commands)
 
 
 def write_pictures(

@@ -52,6 +52,42 @@ def write_outputs(summary: dict, results: dict, out_dir: Path, stem: str = "comp
     write_plots(results, out_dir, summary)
 
 
+def read_commands(path: Path) -> list[dict]:
+    """The commands that wrote the summary at ``path`` (a comparison's ``summary.json``, a sweep's
+    ``sweep.json``) before, ``summary["commands"]``, for a ``--resume`` to add itself to. A
+    summary written before the list existed counts as one command with its
+    ``total_wall_seconds`` / ``pictures_seconds``; no summary: none."""
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    if "commands" in old:
+        return list(old["commands"])
+    if "total_wall_seconds" not in old:
+        return []
+    keys = ("total_wall_seconds", "pictures_seconds", "jobs")
+    return [{k: old[k] for k in keys if k in old}]
+
+
+def add_command(summary: dict, previous: list[dict], jobs: int) -> None:
+    """Record this command in ``summary["commands"]`` after the ``previous`` ones, and make
+    ``total_wall_seconds`` / ``pictures_seconds`` their sums: a ``--resume`` (one that trains
+    the rest of an interrupted comparison, or nothing) adds its own seconds to the record instead
+    of replacing the wall time of the commands that trained the runs. A command that drew no
+    pictures spent 0 s on them; one whose picture time was not recorded (a summary written
+    before it was) makes the sum unknown, and ``pictures_seconds`` is then left out."""
+    this = {
+        "total_wall_seconds": summary["total_wall_seconds"],
+        "pictures_seconds": summary.get("pictures_seconds", 0.0),
+        "jobs": jobs,
+    }
+    commands = previous + [this]
+    summary["commands"] = commands
+    summary["total_wall_seconds"] = sum(c["total_wall_seconds"] for c in commands)
+    summary.pop("pictures_seconds", None)
+    if all("pictures_seconds" in c for c in commands):
+        summary["pictures_seconds"] = sum(c["pictures_seconds"] for c in commands)
+
+
 def summarize(
     results: Mapping[str, Mapping[str, dict]],
     reference: str | None = None,

@@ -30,7 +30,7 @@ from ..running import distributed
 from ..running.pool import execute, make_jobs
 from . import style
 from .compare import write_pictures
-from .summary import primary_metric, summarize, write_outputs
+from .summary import add_command, primary_metric, read_commands, summarize, write_outputs
 from .tables import metric_label, split_title
 
 
@@ -106,6 +106,7 @@ def run_sweep(
         prepared = prepare_sweep(config, method, grid, overrides, reference, data_root)
     method, grid, cells, configs = prepared
     out_dir.mkdir(parents=True, exist_ok=True)
+    previous = read_commands(out_dir / "sweep.json") if resume else []
     t0 = time.perf_counter()
     all_jobs = make_jobs(configs, out_dir, seeds)
     results = execute(all_jobs, resume, device, jobs, desc="sweep", overwrite=overwrite)
@@ -127,7 +128,11 @@ def run_sweep(
     )
     if distributed.is_main_process():  # under torchrun: rank 0 writes
         if pictures:
+            t_pictures = time.perf_counter()
             summary["pictures"] = write_pictures(results, all_jobs, device)
+            summary["pictures_seconds"] = time.perf_counter() - t_pictures
+            summary["total_wall_seconds"] = time.perf_counter() - t0
+        add_command(summary, previous, jobs)  # a --resume adds its seconds to the record
         write_outputs(summary, results, out_dir, stem="sweep")
         summary["plots"] = [str(p) for p in write_sweep_plots(summary, out_dir)]
         (out_dir / "sweep.json").write_text(json.dumps(summary, indent=2))

@@ -82,6 +82,12 @@ def test_sweep_writes_tables_and_plot_and_resume_skips_finished_runs(
     assert main(args + FAST + ["--resume"]) == 0
     again = json.loads((out / "sweep.json").read_text())
     assert again["rows"]["neg_margin=0.5"] == summary["rows"]["neg_margin=0.5"]
+    # ... and the resume adds its seconds to those of the command that trained the runs
+    first, second = again["commands"]
+    assert first == summary["commands"][0] and first["total_wall_seconds"] > 0
+    assert first["pictures_seconds"] == 0.0  # `pml-rank sweep` draws no retrieval pictures
+    assert again["total_wall_seconds"] == first["total_wall_seconds"] + second["total_wall_seconds"]
+    assert again["pictures_seconds"] == first["pictures_seconds"] + second["pictures_seconds"]
     # Only an unfinished run is retrained.
     (out / "neg_margin_1.0" / "seed0" / "metrics.json").unlink()
     monkeypatch.undo()
