@@ -36,7 +36,7 @@ from ..experiment.tuned import load_tuned, tuned_configs
 from ..running import distributed
 from ..running.pool import Job, execute, is_failed, is_refused, make_jobs
 from . import retrieval
-from .summary import add_command, read_commands, summarize, write_outputs
+from .summary import add_command, summarize, write_outputs
 
 LOGGER = logging.getLogger(__name__)
 
@@ -103,7 +103,6 @@ def run_comparison(
     summary = summarize(
         results, reference=reference, primary=first.eval.primary_metric, margin=margin
     )
-    previous = read_commands(out_dir / "summary.json") if resume else []
     summary["total_wall_seconds"] = time.perf_counter() - t_all
     summary["seeds"] = seeds
     summary["jobs"] = jobs
@@ -119,7 +118,7 @@ def run_comparison(
             # where the command's wall time goes (the runs' own phases are in metrics.json)
             summary["pictures_seconds"] = time.perf_counter() - t_pictures
             summary["total_wall_seconds"] = time.perf_counter() - t_all
-        add_command(summary, previous, jobs)
+        add_command(summary, out_dir / "summary.json" if resume else None, jobs)
         write_outputs(summary, results, out_dir)
     distributed.barrier()
     return summary

@@ -68,8 +68,9 @@ def read_commands(path: Path) -> list[dict]:
     return [{k: old[k] for k in keys if k in old}]
 
 
-def add_command(summary: dict, previous: list[dict], jobs: int) -> None:
-    """Record this command in ``summary["commands"]`` after the ``previous`` ones, and make
+def add_command(summary: dict, previous: Path | None, jobs: int) -> None:
+    """Record this command in ``summary["commands"]`` after those of the summary file
+    ``previous`` (:func:`read_commands`; ``None``: a fresh record, not resuming), and make
     ``total_wall_seconds`` / ``pictures_seconds`` their sums: a ``--resume`` (one that trains
     the rest of an interrupted comparison, or nothing) adds its own seconds to the record instead
     of replacing the wall time of the commands that trained the runs. A command that drew no
@@ -80,7 +81,7 @@ def add_command(summary: dict, previous: list[dict], jobs: int) -> None:
         "pictures_seconds": summary.get("pictures_seconds", 0.0),
         "jobs": jobs,
     }
-    commands = previous + [this]
+    commands = (read_commands(previous) if previous is not None else []) + [this]
     summary["commands"] = commands
     summary["total_wall_seconds"] = sum(c["total_wall_seconds"] for c in commands)
     summary.pop("pictures_seconds", None)

@@ -30,7 +30,7 @@ from ..running import distributed
 from ..running.pool import execute, make_jobs
 from . import style
 from .compare import write_pictures
-from .summary import add_command, primary_metric, read_commands, summarize, write_outputs
+from .summary import add_command, primary_metric, summarize, write_outputs
 from .tables import metric_label, split_title
 
 
@@ -106,7 +106,6 @@ def run_sweep(
         prepared = prepare_sweep(config, method, grid, overrides, reference, data_root)
     method, grid, cells, configs = prepared
     out_dir.mkdir(parents=True, exist_ok=True)
-    previous = read_commands(out_dir / "sweep.json") if resume else []
     t0 = time.perf_counter()
     all_jobs = make_jobs(configs, out_dir, seeds)
     results = execute(all_jobs, resume, device, jobs, desc="sweep", overwrite=overwrite)
@@ -132,7 +131,8 @@ def run_sweep(
             summary["pictures"] = write_pictures(results, all_jobs, device)
             summary["pictures_seconds"] = time.perf_counter() - t_pictures
             summary["total_wall_seconds"] = time.perf_counter() - t0
-        add_command(summary, previous, jobs)  # a --resume adds its seconds to the record
+        # a --resume adds its seconds to the record of the commands before it
+        add_command(summary, out_dir / "sweep.json" if resume else None, jobs)
         write_outputs(summary, results, out_dir, stem="sweep")
         summary["plots"] = [str(p) for p in write_sweep_plots(summary, out_dir)]
         (out_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
