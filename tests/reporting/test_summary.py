@@ -10,7 +10,12 @@ import pytest
 
 from pml_rank_plugins.cli import main
 from pml_rank_plugins.experiment.schema import dump_yaml
-from pml_rank_plugins.reporting.summary import summarize, summarize_dir
+from pml_rank_plugins.reporting.summary import (
+    add_command,
+    read_commands,
+    summarize,
+    summarize_dir,
+)
 from pml_rank_plugins.reporting.tables import markdown_table
 from tests.tiny import tiny_config
 
@@ -82,3 +87,41 @@ def test_summarize_dir_keeps_the_commands_record(tmp_path):
     for key, value in record.items():
         assert again[key] == saved[key] == value
     assert saved["reference"] == "better" and set(saved["differences"]) == {"ref", "close"}
+
+
+def test_read_commands_of_every_kind_of_previous_summary(tmp_path):
+    path = tmp_path / "summary.json"
+    assert read_commands(path) == []  # none written yet
+    path.write_text(json.dumps({"rows": {}}))  # no wall time recorded: no command to count
+    assert read_commands(path) == []
+    legacy = {"total_wall_seconds": 561.9, "pictures_seconds": 2.5, "jobs": 2, "rows": {}}
+    path.write_text(json.dumps(legacy))  # written before the list existed: one command
+    assert read_commands(path) == [
+        {"total_wall_seconds": 561.9, "pictures_seconds": 2.5, "jobs": 2}
+    ]
+    listed = [{"total_wall_seconds": 1.0, "jobs": 1}, {"total_wall_seconds": 2.0, "jobs": 2}]
+    path.write_text(json.dumps({**legacy, "commands": listed}))  # the list wins
+    assert read_commands(path) == listed
+
+
+def test_add_command_records_this_command_and_sums_the_seconds(tmp_path):
+    path = tmp_path / "summary.json"
+    fresh = {"total_wall_seconds": 10.0, "pictures_seconds": 1.5}
+    add_command(fresh, None, jobs=2)
+    assert fresh["commands"] == [{"total_wall_seconds": 10.0, "pictures_seconds": 1.5, "jobs": 2}]
+    assert (fresh["total_wall_seconds"], fresh["pictures_seconds"]) == (10.0, 1.5)
+    path.write_text(json.dumps(fresh))
+    resumed = {"total_wall_seconds": 4.0}  # drew no pictures: 0 s on them
+    add_command(resumed, path, jobs=3)
+    assert [c["jobs"] for c in resumed["commands"]] == [2, 3]
+    assert (resumed["total_wall_seconds"], resumed["pictures_seconds"]) == (14.0, 1.5)
+    # a previous command without its picture time: the sum is unknown, left out
+    path.write_text(json.dumps({"total_wall_seconds": 7.0}))
+    drawn = {"total_wall_seconds": 4.0, "pictures_seconds": 0.5}
+    add_command(drawn, path, jobs=1)
+    assert drawn["total_wall_seconds"] == 11.0 and "pictures_seconds" not in drawn
+    assert drawn["commands"][1] == {"total_wall_seconds": 4.0, "pictures_seconds": 0.5, "jobs": 1}
+    # no summary where the resume looks (nothing recorded before it): this command alone
+    alone = {"total_wall_seconds": 3.0, "pictures_seconds": 0.0}
+    add_command(alone, tmp_path / "missing.json", jobs=1)
+    assert len(alone["commands"]) == 1 and alone["total_wall_seconds"] == 3.0
