@@ -16,6 +16,8 @@ import os
 import pytest
 import torch
 
+from tests.png_plots import use_png_plots_only
+
 TEST_DTYPES = [
     getattr(torch, name.strip())
     for name in os.environ.get("TEST_DTYPES", "float32,float64").split(",")
@@ -103,3 +105,10 @@ def device() -> torch.device:
 def embeddings_and_labels(dtype, device):
     """(32, 8) embeddings in the test dtype with labels from 4 classes, 8 samples each."""
     return make_embeddings_and_labels(dtype=dtype, device=device)
+
+
+@pytest.fixture
+def png_plots_only(monkeypatch):
+    """The plots of ``tune``, ``compare`` and ``sweep`` (this process's) written as PNG, without
+    their PDF copy, for a test that reads no PDF (see ``tests/png_plots.py``)."""
+    use_png_plots_only(monkeypatch)

@@ -12,7 +12,6 @@ import yaml
 from pml_rank_plugins.cli import main
 from tests.running.test_tune import (  # noqa: F401 (fixtures)
     glyph_config,
-    png_plots_only,
     workers_in_process,
 )
 

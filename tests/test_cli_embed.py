@@ -92,7 +92,7 @@ def test_embed_needs_split_and_out():
         assert e.value.code == 2
 
 
-def test_compare_no_pictures_draws_none_and_keeps_existing_ones(tmp_path):
+def test_compare_no_pictures_draws_none_and_keeps_existing_ones(tmp_path, png_plots_only):
     config = tmp_path / "tiny.yaml"
     dump_yaml(tiny_config(**TINY), config)
     out = tmp_path / "cmp"

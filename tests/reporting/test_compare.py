@@ -2,7 +2,9 @@
 folders, ``--reference``, config dicts and ``--jobs 2`` = ``--jobs 1`` (tiny stand-in budget).
 
 One finished comparison (two methods x two seeds, :func:`finished`) is trained once per module and
-shared: tests that change its folder work on a copy."""
+shared: tests that change its folder work on a copy. No test here reads a plot's PDF copy, so the
+comparisons written in this process draw PNGs only (``tests/png_plots.py``); the failed-run test
+writes its plots through the CLI as users get them."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from pml_rank_plugins.experiment import registry
 from pml_rank_plugins.experiment.schema import dump_yaml
 from pml_rank_plugins.reporting import compare
 from pml_rank_plugins.running import RunFolderError, runner
+from tests.png_plots import use_png_plots_only
 from tests.tiny import tiny_config
 
 # the tests of this module share one module-scoped fixture: under `-n 2 --dist loadfile`
@@ -81,14 +84,16 @@ def finished(tmp_path_factory) -> tuple[Path, dict]:
     its folder and summary, trained once for the module (read it, or copy it first)."""
     base = tmp_path_factory.mktemp("finished")
     dump_yaml(two_methods(), base / "two.yaml")
-    summary = compare.run_comparison(
-        base / "two.yaml",
-        base / "cmp",
-        seeds=2,
-        overrides=FAST[1::2],
-        reference="MultiSimilarity",
-        pictures=False,
-    )
+    with pytest.MonkeyPatch.context() as mp:
+        use_png_plots_only(mp)
+        summary = compare.run_comparison(
+            base / "two.yaml",
+            base / "cmp",
+            seeds=2,
+            overrides=FAST[1::2],
+            reference="MultiSimilarity",
+            pictures=False,
+        )
     return base / "cmp", summary
 
 
@@ -188,7 +193,7 @@ def test_csv_and_markdown_agree_and_summaries_recompute_from_run_folders(tmp_pat
     assert (out / "comparison.md").read_text() == md.replace("(seeds, up to 2)", "(seeds, up to 2)")
 
 
-def test_run_comparison_accepts_config_dicts(tmp_path):
+def test_run_comparison_accepts_config_dicts(tmp_path, png_plots_only):
     cfg = two_methods()
     single = copy.deepcopy(cfg)
     single.pop("methods")
@@ -203,7 +208,7 @@ def test_run_comparison_accepts_config_dicts(tmp_path):
 
 
 @pytest.mark.slow  # two spawned workers each import torch and PML
-def test_jobs_2_equals_jobs_1(tmp_path, config_file, finished):
+def test_jobs_2_equals_jobs_1(tmp_path, config_file, finished, png_plots_only):
     torch.set_num_threads(1)
     seq_dir, seq = finished  # the same config, seeds and overrides, with --jobs 1
     assert seq["jobs"] == 1
@@ -221,7 +226,7 @@ def test_jobs_2_equals_jobs_1(tmp_path, config_file, finished):
 
 
 def test_compare_into_a_used_folder_is_refused_unless_resume_or_overwrite(
-    config_file, tmp_path, monkeypatch
+    config_file, tmp_path, monkeypatch, png_plots_only
 ):
     # Issue 12.1: compare used to rmtree an earlier run's folder silently when not resuming.
     out = tmp_path / "out"
@@ -246,7 +251,9 @@ def test_compare_into_a_used_folder_is_refused_unless_resume_or_overwrite(
     assert summary["failed"]
 
 
-def test_a_resume_adds_its_seconds_to_the_commands_that_trained_the_runs(tmp_path, finished):
+def test_a_resume_adds_its_seconds_to_the_commands_that_trained_the_runs(
+    tmp_path, finished, png_plots_only
+):
     # The study's claims: `run_study.sh claims` resumed every finished claim, and each resume
     # (training nothing, 4 s) replaced the 562 s of the command that trained the claim.
     out, summary = copy_of(finished, tmp_path / "cmp")

@@ -57,7 +57,7 @@ def test_a_table_of_validation_metrics_says_so():
     assert "Test metrics in %" in text and "No test split" not in text
 
 
-def test_a_comparison_without_eval_test_reports_validation(tmp_path):
+def test_a_comparison_without_eval_test_reports_validation(tmp_path, png_plots_only):
     methods = {
         "A": {"loss_funcs": {"metric_loss": {"ContrastiveLoss": {}}}},
         "B": {"loss_funcs": {"metric_loss": {"TripletMarginLoss": {}}}},

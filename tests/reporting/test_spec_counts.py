@@ -14,7 +14,9 @@ from pml_rank_plugins.reporting import compare
 from tests.tiny import tiny_config
 
 
-def test_two_method_compare_validates_twice_and_reads_yaml_once(tmp_path, monkeypatch):
+def test_two_method_compare_validates_twice_and_reads_yaml_once(
+    tmp_path, monkeypatch, png_plots_only
+):
     counts: collections.Counter = collections.Counter()
 
     def counting(label, fn):

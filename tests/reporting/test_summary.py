@@ -47,7 +47,7 @@ def _write_runs(out, margin) -> dict:
 
 
 @pytest.mark.parametrize("margin", [None, 0.5])
-def test_summarize_dir_reads_the_margin_from_the_saved_config(tmp_path, margin):
+def test_summarize_dir_reads_the_margin_from_the_saved_config(tmp_path, margin, png_plots_only):
     results = _write_runs(tmp_path, margin)
     again = summarize_dir(tmp_path, reference="ref")
     ordered = {n: results[n] for n in sorted(results)}  # run folders without summary.json
@@ -77,7 +77,7 @@ def test_a_bad_margin_on_the_command_line_is_exit_2_naming_the_key(tmp_path, cap
     assert not out.exists() or not any(out.iterdir())  # nothing trained
 
 
-def test_summarize_dir_keeps_the_commands_record(tmp_path):
+def test_summarize_dir_keeps_the_commands_record(tmp_path, png_plots_only):
     _write_runs(tmp_path, None)
     first = summarize_dir(tmp_path, reference="ref")
     record = {"total_wall_seconds": 4984.5, "jobs": 2, "tuned_from": "runs/t", "pictures": {}}

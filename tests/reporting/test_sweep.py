@@ -100,7 +100,7 @@ def test_sweep_writes_tables_and_plot_and_resume_skips_finished_runs(
     assert calls == [out / "neg_margin_1.0" / "seed0"]
 
 
-def test_failed_cell_is_reported_and_other_cells_complete(tmp_path, config_file):
+def test_failed_cell_is_reported_and_other_cells_complete(tmp_path, config_file, png_plots_only):
     out = tmp_path / "sw"
     summary = sweep.run_sweep(
         config_file,
@@ -129,7 +129,9 @@ def test_grid_mistakes_fail_fast(tmp_path, config_file, capsys):
 
 
 @pytest.mark.slow
-def test_second_sweep_into_a_used_folder_is_refused_unless_overwrite(tmp_path, config_file):
+def test_second_sweep_into_a_used_folder_is_refused_unless_overwrite(
+    tmp_path, config_file, png_plots_only
+):
     out = tmp_path / "sw"
     grid = ["loss_funcs.metric_loss.neg_margin=0.5"]
     first = sweep.run_sweep(config_file, "Contrastive", grid, out, overrides=FAST[1::2])
@@ -142,7 +144,9 @@ def test_second_sweep_into_a_used_folder_is_refused_unless_overwrite(tmp_path, c
     assert (out / "neg_margin_0.5" / "seed0" / "metrics.json").is_file()
 
 
-def test_a_prepared_sweep_is_not_collected_again(tmp_path, config_file, monkeypatch):
+def test_a_prepared_sweep_is_not_collected_again(
+    tmp_path, config_file, monkeypatch, png_plots_only
+):
     grid = ["loss_funcs.metric_loss.neg_margin=0.5,1.0"]
     prepared = sweep.prepare_sweep(config_file, "Contrastive", grid, FAST[1::2])
     assert list(prepared[3]) == ["neg_margin=0.5", "neg_margin=1.0"]

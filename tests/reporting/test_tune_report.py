@@ -15,7 +15,6 @@ from pml_rank_plugins.reporting.tune_report import markdown
 from pml_rank_plugins.running.study import is_interrupted, study_summary
 from tests.running.test_tune import (  # noqa: F401 (fixtures)
     glyph_config,
-    png_plots_only,
     workers_in_process,
 )
 from tests.tiny import tiny_config

@@ -14,10 +14,10 @@ from optuna.trial import TrialState
 from pml_rank_plugins.experiment import registry
 from pml_rank_plugins.experiment.methods import collect_methods
 from pml_rank_plugins.experiment.schema import ConfigError, deep_merge
-from pml_rank_plugins.reporting import style
 from pml_rank_plugins.reporting.tune_report import run_tune
 from pml_rank_plugins.running import tune as tuning
 from pml_rank_plugins.running.checkpoints import load_checkpoint
+from tests.png_plots import use_png_plots_only
 
 GLYPHS = {
     "GlyphDataset": {
@@ -96,28 +96,6 @@ def workers_in_process(monkeypatch):
     yield
     for logger, level in zip(loggers, levels):
         logger.setLevel(level)
-
-
-@pytest.fixture
-def png_plots_only(monkeypatch):
-    """The plots of ``tune`` and ``compare`` (this process's) drawn and written as PNG, without
-    their PDF copy, for a test that reads neither.
-
-    The PDF draws the figure again and subsets its TrueType fonts with fontTools: about half a
-    second of CPU per figure, and a tune writes 1 + 1 per method, a comparison 2-3. Every other
-    step of the outputs runs as usual (``tests/reporting/test_plots.py`` and the comparison
-    tests write the PDFs)."""
-    use_png_plots_only(monkeypatch)
-
-
-def use_png_plots_only(monkeypatch) -> None:
-    """:func:`png_plots_only` from here on in the test."""
-    real = style.save_figure
-
-    def png_only(fig, png, pdf=True, **kwargs):
-        return real(fig, png, pdf=False, **kwargs)
-
-    monkeypatch.setattr(style, "save_figure", png_only)
 
 
 @pytest.mark.slow

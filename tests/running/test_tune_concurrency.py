@@ -41,7 +41,6 @@ from pml_rank_plugins.running import run_folder
 from pml_rank_plugins.running import tune as tuning
 from pml_rank_plugins.running.checkpoints import load_checkpoint
 from pml_rank_plugins.running.parent import pid_alive
-from tests.running.test_tune import png_plots_only  # noqa: F401 (fixture)
 from tests.running.test_tune_storage import contrastive_only
 
 METHOD = "PML Contrastive"

@@ -25,7 +25,6 @@ from pml_rank_plugins.running import tune as tuning
 from pml_rank_plugins.running.parent import pid_alive
 from tests.running.test_tune import (  # noqa: F401 (fixtures)
     glyph_config,
-    png_plots_only,
     workers_in_process,
 )
 

@@ -25,7 +25,6 @@ from pml_rank_plugins.running.study import TuneJob, counted_trials
 from pml_rank_plugins.running.trial_resume import RESUMES, continued_trial, requeue_interrupted
 from tests.running.test_tune import (  # noqa: F401 (fixtures)
     glyph_config,
-    png_plots_only,
     workers_in_process,
 )
 
