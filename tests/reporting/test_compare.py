@@ -156,7 +156,9 @@ def _markdown_rows(text: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.slow
-def test_csv_and_markdown_agree_and_summaries_recompute_from_run_folders(tmp_path, finished):
+def test_csv_and_markdown_agree_and_summaries_recompute_from_run_folders(
+    tmp_path, finished, png_plots_only
+):
     out, summary = copy_of(finished, tmp_path / "cmp")  # summary.json is removed below
     assert summary["reference"] == "MultiSimilarity"
     assert list(summary["differences"]) == ["Contrastive"]

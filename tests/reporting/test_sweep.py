@@ -53,7 +53,7 @@ def test_parse_grid_and_cells():
 
 @pytest.mark.slow
 def test_sweep_writes_tables_and_plot_and_resume_skips_finished_runs(
-    tmp_path, config_file, monkeypatch, capsys
+    tmp_path, config_file, monkeypatch, capsys, png_plots_only
 ):
     out = tmp_path / "sw"
     args = ["sweep", str(config_file), "--method", "Contrastive", "--out", str(out), "--seeds", "2"]
