@@ -72,6 +72,7 @@ from .allowlist import (  # noqa: F401 -- re-exported: registry.allow_modules is
     check_object,
     check_path,
     is_under,
+    is_under_cached,
 )
 
 _USER: dict[str, Callable] = {}
@@ -104,7 +105,7 @@ def _public_callables(
         obj = getattr(module, n, None)
         if obj is None or isinstance(obj, ModuleType) or not callable(obj):
             continue
-        if own_prefix and not is_under(str(getattr(obj, "__module__", None)), own_prefix):
+        if own_prefix and not is_under_cached(str(getattr(obj, "__module__", None)), own_prefix):
             continue
         out[n] = obj
     return out
