@@ -10,10 +10,10 @@ import csv
 import numpy as np
 import pytest
 from scipy import stats
-from statsmodels.stats.multitest import multipletests
 
 from pml_rank_plugins.reporting.summary import summarize
 from pml_rank_plugins.reporting.tables import markdown_table, write_csv
+from tests.reporting.statsmodels_holm import holm_by_statsmodels
 
 MAPR, P1, RP = "mean_average_precision_at_r", "precision_at_1", "r_precision"
 SEEDS = 8
@@ -60,7 +60,7 @@ def expected_p() -> dict[str, dict[str, float]]:
     }
     names = list(DIFFS)
     for test in ("t", "w"):
-        adjusted = multipletests([raw[n][test] for n in names], method="holm")[1]
+        adjusted = holm_by_statsmodels([raw[n][test] for n in names])
         for n, p in zip(names, adjusted):
             raw[n][f"{test} holm"] = p
     return raw
