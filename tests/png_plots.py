@@ -3,8 +3,8 @@
 
 A PDF copy draws the figure again and subsets its TrueType fonts with fontTools: about half a
 second of CPU per figure, and a tune writes 1 + 1 per method, a comparison 2-3, a sweep 1 per
-metric. Every other step of the outputs runs as usual; ``tests/reporting/test_plots.py``,
-``tests/reporting/test_picture_settings.py`` and the CLI tests write and check the PDFs.
+metric. Every other step of the outputs runs as usual. ``tests/reporting/test_plots.py`` writes
+and checks the PDFs; the CLI tests and the failed-run compare test write them as users get them.
 """
 
 from __future__ import annotations
