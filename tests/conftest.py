@@ -16,8 +16,6 @@ import os
 import pytest
 import torch
 
-from tests.png_plots import use_png_plots_only
-
 TEST_DTYPES = [
     getattr(torch, name.strip())
     for name in os.environ.get("TEST_DTYPES", "float32,float64").split(",")
@@ -111,4 +109,8 @@ def embeddings_and_labels(dtype, device):
 def png_plots_only(monkeypatch):
     """The plots of ``tune``, ``compare`` and ``sweep`` (this process's) written as PNG, without
     their PDF copy, for a test that reads no PDF (see ``tests/png_plots.py``)."""
+    # imported here: it loads the reporting package (about 0.7 s), which a run of, e.g., only
+    # the kernel or loss tests (gpu_check's tests part) never needs
+    from tests.png_plots import use_png_plots_only
+
     use_png_plots_only(monkeypatch)
