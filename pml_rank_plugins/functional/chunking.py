@@ -25,14 +25,44 @@ MIN_CHUNK_ROWS = 128
 MAX_CHUNK_ELEMENTS = 1 << 22
 
 
-def rows_per_chunk(num_rows: int, num_cols: int, chunk_size: int | None = None) -> int:
-    """Query rows per chunk: ``chunk_size`` if given, else ``max(256K / M, 128)`` rows, at most
-    ``4M / M`` (and at least 1)."""
+# The GPU rule: a fixed memory budget per call, never the free memory (results must not depend
+# on what else is allocated): min(2 GiB, 10% of the device's total memory).
+GPU_BUDGET_CAP_BYTES = 2 << 30
+GPU_BUDGET_FRACTION = 0.10
+
+
+def gpu_budget_bytes(device: torch.device | str) -> int:
+    """Bytes of chunk buffers one kernel call may use under the ``gpu`` rule:
+    ``min(2 GiB, 10% of total memory)`` on CUDA, ``2 GiB`` elsewhere (the ``gpu`` backend run on
+    CPU, e.g. in CI). Depends only on the device's total memory: the same on every call. The one
+    place tests patch to force several chunks."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return int(min(GPU_BUDGET_CAP_BYTES, GPU_BUDGET_FRACTION * total))
+    return GPU_BUDGET_CAP_BYTES
+
+
+def rows_per_chunk(
+    num_rows: int,
+    num_cols: int,
+    chunk_size: int | None = None,
+    *,
+    bytes_per_pair: int | None = None,
+    device: torch.device | str = "cpu",
+) -> int:
+    """Query rows per chunk: ``chunk_size`` if given; else, with ``bytes_per_pair`` (the ``gpu``
+    rule), as many rows as :func:`gpu_budget_bytes` holds at ``bytes_per_pair * M`` bytes a row;
+    else (the ``cpu`` rule) ``max(256K / M, 128)`` rows, at most ``4M / M``. Always in
+    ``[1, max(num_rows, 1)]`` except that ``chunk_size`` is returned as given."""
     if chunk_size is not None:
         if int(chunk_size) < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         return int(chunk_size)
     num_cols = max(num_cols, 1)
+    if bytes_per_pair is not None:
+        rows = gpu_budget_bytes(device) // (int(bytes_per_pair) * num_cols)
+        return max(1, min(max(num_rows, 1), rows))
     rows = max(CACHE_CHUNK_ELEMENTS // num_cols, MIN_CHUNK_ROWS)
     return max(1, min(num_rows, rows, MAX_CHUNK_ELEMENTS // num_cols))
 

@@ -1,0 +1,99 @@
+"""Which implementation of a pairwise kernel runs: the one dispatch rule of every loss family.
+
+Backends:
+
+* ``cpu``: the chunked kernels tuned for CPU caches (``functional/soft_histogram.py``,
+  ``functional/ranked_list_chunked.py``); the reference results, bit-identical to earlier
+  releases.
+* ``gpu``: the same mathematics written for an accelerator: few large chunks sized from a fixed
+  memory budget (:func:`~pml_rank_plugins.functional.chunking.rows_per_chunk` with
+  ``bytes_per_pair``), and no host synchronisation in forward or backward (masks and
+  multiplications instead of ``nonzero`` / boolean indexing, no ``.item()``). It runs on any
+  device, so CPU CI tests it.
+* ``triton``: a fused Triton kernel where the family has one (the soft-histogram AP losses),
+  else the ``gpu`` path. Needs the ``triton`` package; on CPU it runs only under
+  ``TRITON_INTERPRET=1`` (for tests).
+* ``auto`` (the default): ``cpu`` for CPU tensors, ``gpu`` for any other device.
+
+Selection, strongest first: a loss's ``backend=`` keyword, the innermost :func:`use_backend`
+context, the ``PML_RANK_BACKEND`` environment variable, ``auto``. A name outside
+:data:`BACKENDS`, or ``triton`` where the package cannot be imported, is a ``ValueError`` naming
+where the value came from: never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import threading
+from collections.abc import Iterator
+
+import torch
+
+ENV_VAR = "PML_RANK_BACKEND"
+BACKENDS = ("auto", "cpu", "gpu", "triton")
+_local = threading.local()
+
+
+def triton_available() -> bool:
+    """Whether the ``triton`` package can be imported (not whether a GPU exists)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def check_backend(name, source: str) -> str:
+    """``name`` if it is one of :data:`BACKENDS` (and ``triton`` is importable when asked for),
+    else a ``ValueError`` naming ``source`` (the keyword, context or variable it came from)."""
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"{source} must be one of {', '.join(BACKENDS)}; got {name!r}")
+    if name == "triton" and not triton_available():
+        raise ValueError(
+            f"{source}=triton, but the triton package cannot be imported; install triton "
+            "(it comes with CUDA builds of torch on Linux) or choose gpu or cpu"
+        )
+    return name
+
+
+def requested_backend(backend: str | None = None) -> str:
+    """The backend asked for, before the device decides ``auto``: ``backend`` (a keyword) if
+    given, else the innermost :func:`use_backend`, else ``$PML_RANK_BACKEND``, else ``auto``."""
+    if backend is not None:
+        return check_backend(backend, "backend")
+    stack = getattr(_local, "stack", None)
+    if stack:
+        return stack[-1]
+    value = os.environ.get(ENV_VAR)
+    if value is None or value == "":
+        return "auto"
+    return check_backend(value.strip().lower(), ENV_VAR)
+
+
+def resolve_backend(device: torch.device | str, backend: str | None = None) -> str:
+    """The backend that runs for tensors on ``device``: ``cpu``, ``gpu`` or ``triton``
+    (``auto`` is ``cpu`` on the CPU and ``gpu`` elsewhere). O(1); reads no tensor."""
+    name = requested_backend(backend)
+    if name != "auto":
+        return name
+    return "cpu" if torch.device(device).type == "cpu" else "gpu"
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[str]:
+    """Run the enclosed code with backend ``name`` (overrides ``$PML_RANK_BACKEND``; a loss's
+    ``backend=`` keyword still wins). Thread-local, nestable.
+
+    Example::
+
+        with use_backend("gpu"):
+            loss = loss_func(embeddings, labels)
+            loss.backward()  # backward reuses what forward decided; no need to stay inside
+    """
+    check_backend(name, "use_backend")
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    stack.append(name)
+    try:
+        yield name
+    finally:
+        stack.pop()
