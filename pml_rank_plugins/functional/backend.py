@@ -97,3 +97,14 @@ def use_backend(name: str) -> Iterator[str]:
         yield name
     finally:
         stack.pop()
+
+
+def checks_values(backend: str, check_values: bool | None = None) -> bool:
+    """Whether a kernel reads input *values* back to validate them (finiteness, label values):
+    ``check_values`` if given, else ``True`` on the ``cpu`` backend and ``False`` on ``gpu`` /
+    ``triton``, where each check would synchronise the host with the device on every call (the
+    trainers check the loss once per step instead). Shape, dtype and device checks, which read no
+    value, always run."""
+    if check_values is not None:
+        return bool(check_values)
+    return backend == "cpu"

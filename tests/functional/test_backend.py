@@ -107,3 +107,10 @@ def test_gpu_budget_on_cuda_is_a_tenth_of_total_memory_capped(monkeypatch):
     Props.total_memory = 141 << 30
     assert chunking.gpu_budget_bytes("cuda:0") == 2 << 30
     assert chunking.gpu_budget_bytes("cpu") == 2 << 30
+
+
+def test_value_checks_default_on_cpu_only():
+    from pml_rank_plugins.functional.backend import checks_values
+
+    assert checks_values("cpu") and not checks_values("gpu") and not checks_values("triton")
+    assert checks_values("gpu", True) and not checks_values("cpu", False)
