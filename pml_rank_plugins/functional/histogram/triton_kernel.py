@@ -1,0 +1,338 @@
+"""A fused Triton kernel for the positive/negative soft histograms of the AP losses.
+
+Same mathematics as :func:`~pml_rank_plugins.functional.soft_histogram.pair_histograms` (the
+reference; read its module docstring): for each query ``i`` and reference ``j`` the value
+``u = offset + scale * q_i . r_j`` (bin units) is clamped to ``[0, L]`` and spread over the
+``L + 1`` bin centres ``l`` with the triangular kernel ``max(0, 1 - |u - l|)`` (two-bin linear
+interpolation); positives (category 0) go to ``h[i, 0]``, negatives (1) to ``h[i, 1]``, ignored
+pairs (2, any other value) nowhere. Output ``(N, 2, L + 1)``.
+
+Design (FlashAttention-style: the ``N x M`` scores never exist in memory):
+
+* Forward: a program owns ``block_n`` query rows and a contiguous range of reference columns (a
+  *split*); it loops over column tiles, computes the score tile ``Q R^T`` with ``tl.dot``
+  (float32 accumulation, loop over the embedding width in ``block_k`` steps), maps it to bin units
+  and adds, bin after bin, each row's kernel weights into ``(block_n, L + 1)`` positive and
+  negative accumulators held in registers. Each split writes its own partial histograms; the
+  splits are summed by one ``torch.sum`` in a fixed order: no atomics, deterministic.
+* Backward: with ``g = dLoss/dh``, a pair in bin interval ``b = floor(u)`` (``0 <= u < L``) has
+  ``dLoss/du = g[i, c, b + 1] - g[i, c, b]``, read from an ``(N, 2, L + 1)`` slope table
+  (``O(N L)``, built by torch; its last column is 0). Clamped values (``u < 0`` or ``u >= L``)
+  get zero; a value exactly on a bin centre gets the slope of the interval above it (the
+  reference's kink convention). With ``dS = scale * dLoss/du``: ``grad_Q = dS R`` by programs
+  over (query rows, embedding columns, column split), ``grad_R = dS^T Q`` by programs over
+  (reference rows, embedding columns, row split); each recomputes its score tiles and writes only
+  its own rows, splits summed by ``torch.sum``: deterministic, no atomics. ``refs`` may be
+  ``queries`` itself: autograd adds the two gradients.
+
+Cost: forward ``O(N M d)`` multiply-adds plus ``O(N M (L + 1))`` elementwise work (each bin is a
+pass over the tile in registers; no scatter); backward two recomputations of the scores plus two
+``O(N M d)`` products; extra memory ``O(splits N (L + 1) + splits (N + M) d)``, independent of
+``N M``. Float32 only (half inputs are upcast; float64 is refused rather than silently rounded).
+``tl.dot`` runs with ``input_precision="ieee"`` (no TF32: TF32 would move values across bin
+edges); see :class:`Tiles` to change it and the tile sizes.
+
+Triton is optional: without it this module imports, and :func:`triton_pair_histograms` raises.
+On CPU the kernels run only in Triton's interpreter: ``TRITON_INTERPRET=1`` must be set before
+this module (precisely: :mod:`.triton_jit`, the kernels) is first imported in the process;
+``triton.jit`` reads it when it decorates each kernel, not at launch (triton 3.8).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+
+from . import triton_jit
+from .triton_jit import triton
+
+# At most this many bin centres (L + 1): two (block_n, bins) float32 accumulators stay in
+# registers. FastAP's num_bins is L (<= 127 here), mAP_Q's num_bins is L + 1 (<= 128 here).
+MAX_BINS = 128
+MAX_INTERVALS = MAX_BINS - 1
+# Up to this many bins the per-bin loop is unrolled (each bin's column of the accumulators is then
+# known at compile time); beyond it, a runtime loop (shorter compile).
+UNROLL_MAX_BINS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+    """Launch parameters, in one place so that a benchmark can sweep them.
+
+    ``block_n`` query rows x ``block_m`` reference columns per score tile (both >= 16 for
+    ``tl.dot``), ``block_k`` embedding columns per ``tl.dot`` step, ``block_d`` (at most) gradient
+    columns per backward program; ``target_programs``: the splits of the column (forward,
+    ``grad_Q``) or row (``grad_R``) loop are chosen to launch about this many programs (``None``:
+    ``programs_per_sm`` x the GPU's multiprocessor count; 1 on CPU), so that small batches still
+    fill the GPU; ``precision``: ``tl.dot``'s ``input_precision`` (``"ieee"``, or ``"tf32x3"``
+    for tensor cores at about float32 accuracy, or ``"tf32"``).
+    """
+
+    block_n: int = 64
+    block_m: int = 64
+    block_k: int = 32
+    block_d: int = 128
+    num_warps: int = 4
+    num_stages: int = 2
+    programs_per_sm: int = 4
+    target_programs: int | None = None
+    precision: str = "ieee"
+
+
+DEFAULT_TILES = Tiles()
+_MULTIPROCESSORS: dict[int, int] = {}
+
+
+def interpreted() -> bool:
+    """Whether the kernels were defined in Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return triton is not None and type(triton_jit.forward_kernel).__name__ == "InterpretedFunction"
+
+
+def triton_available_for(device: torch.device | str) -> bool:
+    """Whether :func:`triton_pair_histograms` can run on ``device``: triton is importable and the
+    device is CUDA, or the kernels run in the interpreter (then CPU tensors). O(1)."""
+    if triton is None:
+        return False
+    kind = torch.device(device).type
+    return kind == "cpu" if interpreted() else kind == "cuda"
+
+
+def _target_programs(device: torch.device, tiles: Tiles) -> int:
+    """About how many programs a launch should have to fill ``device``."""
+    if tiles.target_programs is not None:
+        return max(1, tiles.target_programs)
+    if device.type != "cuda":
+        return 1
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _MULTIPROCESSORS:
+        _MULTIPROCESSORS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return tiles.programs_per_sm * _MULTIPROCESSORS[index]
+
+
+def _split(length: int, block: int, other_programs: int, target: int) -> tuple[int, int]:
+    """``(splits, elements per split)``: the looped dimension (``length``, in ``block`` tiles)
+    cut into contiguous whole-tile ranges so that ``other_programs * splits`` is about
+    ``target``."""
+    tiles = triton.cdiv(length, block)
+    wanted = min(tiles, max(1, triton.cdiv(target, other_programs)))
+    per_split = triton.cdiv(tiles, wanted) * block
+    return triton.cdiv(length, per_split), per_split
+
+
+class _Launch:
+    """The arguments every kernel shares, built once per forward and reused in backward."""
+
+    def __init__(self, queries, refs, labels, ref_labels, self_columns, categories, offset, scale,
+                 num_intervals, tiles):  # fmt: skip
+        dense = categories is not None
+        # Unused pointers are never read (their branch is compiled out): any tensor will do, and
+        # no placeholder is allocated (on CUDA that would cost a kernel launch per call).
+        dummy = queries
+        cat = categories if dense else dummy
+        self.pointers = (
+            queries,
+            refs,
+            dummy if dense else labels,
+            dummy if dense else ref_labels,
+            self_columns if (self_columns is not None and not dense) else dummy,
+            cat,
+        )
+        self.sizes = (len(queries), len(refs), queries.shape[1])
+        self.strides = (*queries.stride(), *refs.stride(), *(cat.stride() if dense else (0, 0)))
+        # The reference adds offset + 1 (a float32) to scale * s: the same numbers here.
+        self.affine = (float(torch.tensor(offset + 1.0, dtype=torch.float32)), float(scale))
+        self.flags = dict(
+            NUM_BINS=num_intervals + 1,
+            BLOCK_K=max(16, min(tiles.block_k, triton.next_power_of_2(max(self.sizes[2], 1)))),
+            DENSE=dense,
+            HAS_SELF=self_columns is not None and not dense,
+            PRECISION=tiles.precision,
+        )
+        self.tiles = tiles
+        self.target = _target_programs(queries.device, tiles)
+
+    def run(self, kernel, grid, tensors, split, **flags):
+        """Launches ``kernel`` with the shared arguments around the kernel's own output
+        ``tensors`` and its split length."""
+        options = dict(num_warps=self.tiles.num_warps, num_stages=self.tiles.num_stages)
+        with (
+            torch.cuda.device(self.pointers[0].device)
+            if self.pointers[0].is_cuda
+            else contextlib.nullcontext()
+        ):
+            kernel[grid](*self.pointers, *tensors, *self.sizes, *self.strides, *self.affine, split,
+                         **self.flags, **flags, **options)  # fmt: skip
+
+
+def _forward(launch: _Launch) -> torch.Tensor:
+    n, m, _ = launch.sizes
+    tiles, bins = launch.tiles, launch.flags["NUM_BINS"]
+    row_blocks = triton.cdiv(n, tiles.block_n)
+    splits, split_cols = _split(m, tiles.block_m, row_blocks, launch.target)
+    queries = launch.pointers[0]
+    out = queries.new_empty(splits, n, 2, bins)
+    launch.run(triton_jit.forward_kernel, (row_blocks, splits), (out,), split_cols,
+               BLOCK_L=triton.next_power_of_2(bins), UNROLL=bins <= UNROLL_MAX_BINS,
+               BLOCK_N=tiles.block_n, BLOCK_M=tiles.block_m)  # fmt: skip
+    return out[0] if splits == 1 else out.sum(0)
+
+
+def _gradient(launch: _Launch, slope: torch.Tensor, of_queries: bool) -> torch.Tensor:
+    """``dS R`` (``of_queries``) or ``dS^T Q``, split over the looped dimension and summed."""
+    n, m, d = launch.sizes
+    tiles = launch.tiles
+    block_d = max(16, min(tiles.block_d, triton.next_power_of_2(max(d, 1))))
+    owned, looped = (n, m) if of_queries else (m, n)
+    owned_block, looped_block = (
+        (tiles.block_n, tiles.block_m) if of_queries else (tiles.block_m, tiles.block_n)
+    )
+    programs = triton.cdiv(owned, owned_block) * triton.cdiv(d, block_d)
+    splits, per_split = _split(looped, looped_block, programs, launch.target)
+    out = slope.new_empty(splits, owned, d)
+    kernel = triton_jit.grad_queries_kernel if of_queries else triton_jit.grad_refs_kernel
+    grid = (triton.cdiv(owned, owned_block), triton.cdiv(d, block_d), splits)
+    launch.run(kernel, grid, (slope, out), per_split, BLOCK_N=tiles.block_n,
+               BLOCK_M=tiles.block_m, BLOCK_D=block_d)  # fmt: skip
+    return out[0] if splits == 1 else out.sum(0)
+
+
+class TritonPairHistogram(torch.autograd.Function):
+    """Autograd wrapper of the kernels; inputs as :func:`triton_pair_histograms` (checked)."""
+
+    @staticmethod
+    def forward(ctx, queries, refs, labels, ref_labels, self_columns, categories, offset, scale,
+                num_intervals, tiles):  # fmt: skip
+        launch = _Launch(queries, refs, labels, ref_labels, self_columns, categories, offset,
+                         scale, num_intervals, tiles)  # fmt: skip
+        ctx.save_for_backward(queries, refs, labels, ref_labels, self_columns, categories)
+        ctx.params = (offset, scale, num_intervals, tiles)
+        if min(launch.sizes[:2]) == 0:
+            return queries.new_zeros(launch.sizes[0], 2, num_intervals + 1)
+        return _forward(launch)
+
+    @staticmethod
+    def backward(ctx, grad_hist):
+        queries, refs = ctx.saved_tensors[:2]
+        launch = _Launch(*ctx.saved_tensors, *ctx.params)
+        grad_queries = grad_refs = None
+        if min(launch.sizes) == 0:  # no pair, or d = 0: nothing to launch
+            grad_queries, grad_refs = torch.zeros_like(queries), torch.zeros_like(refs)
+        else:
+            # slope[i, c, b] = scale (g[i, c, b + 1] - g[i, c, b]); 0 in the last column.
+            grad_hist = grad_hist.to(torch.float32)
+            slope = torch.zeros_like(grad_hist, memory_format=torch.contiguous_format)
+            torch.sub(grad_hist[..., 1:], grad_hist[..., :-1], out=slope[..., :-1])
+            slope.mul_(launch.affine[1])
+            if ctx.needs_input_grad[0]:
+                grad_queries = _gradient(launch, slope, of_queries=True)
+            if ctx.needs_input_grad[1]:
+                grad_refs = _gradient(launch, slope, of_queries=False)
+        return grad_queries, grad_refs, None, None, None, None, None, None, None, None
+
+
+def _check_index(tensor, name: str, length: int, device: torch.device) -> torch.Tensor:
+    """A 1-D integer tensor of ``length`` entries on ``device``, as contiguous int64."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dim() != 1 or len(tensor) != length:
+        raise ValueError(f"{name} must have shape ({length},), got {tuple(tensor.shape)}")
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {tensor.dtype}")
+    if tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device}, the embeddings on {device}")
+    return tensor.to(torch.int64).contiguous()
+
+
+def _check_embeddings(queries, refs) -> tuple[torch.Tensor, torch.Tensor]:
+    for name, x in (("queries", queries), ("refs", refs)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a 2-D (rows, d) tensor, got {shape}")
+        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(
+                f"{name} is {x.dtype}; the triton kernel computes in float32 and takes float32, "
+                "float16 or bfloat16 (use the cpu or gpu backend for float64)"
+            )
+    if queries.shape[1] != refs.shape[1]:
+        raise ValueError(f"queries have d = {queries.shape[1]} columns, refs {refs.shape[1]}")
+    if queries.device != refs.device:
+        raise ValueError(f"queries are on {queries.device}, refs on {refs.device}")
+    # Upcasting is differentiable: half inputs get their gradients back in their own dtype.
+    return queries.float(), refs.float()
+
+
+def triton_pair_histograms(
+    queries: torch.Tensor,
+    refs: torch.Tensor,
+    labels: torch.Tensor | None,
+    ref_labels: torch.Tensor | None,
+    self_columns: torch.Tensor | None,
+    offset: float,
+    scale: float,
+    num_intervals: int,
+    categories: torch.Tensor | None = None,
+    tiles: Tiles = DEFAULT_TILES,
+) -> torch.Tensor:
+    """Positive/negative soft histograms ``(N, 2, num_intervals + 1)`` by the fused kernel.
+
+    Equal to :func:`~pml_rank_plugins.functional.soft_histogram.pair_histograms` to float32
+    rounding, values and gradients (module docstring). Differentiable w.r.t. ``queries`` and
+    ``refs`` (``refs`` may be ``queries``).
+
+    Args:
+        queries: ``(N, d)`` embeddings; refs: ``(M, d)`` (float32, or float16/bfloat16 upcast).
+        labels, ref_labels: ``(N,)`` / ``(M,)`` integer class ids (equal: positive pair, else
+            negative); unused (may be ``None``) when ``categories`` is given.
+        self_columns: ``(N,)`` integers, each query's own column, ignored (or ``None``).
+        offset, scale: the value in bin units is ``offset + scale * q.r``.
+        num_intervals: ``L``, 1 to :data:`MAX_INTERVALS` (``L + 1`` bin centres).
+        categories: optional ``(N, M)`` int8 (0 positive, 1 negative, else ignored), used
+            instead of the labels (a miner's pairs). Values are not read back to the host.
+        tiles: launch parameters (:class:`Tiles`).
+
+    Raises ``RuntimeError`` when triton cannot run on the tensors' device (see
+    :func:`triton_available_for`), ``ValueError`` / ``TypeError`` for malformed inputs and for
+    ``num_intervals`` beyond :data:`MAX_INTERVALS`.
+    """
+    queries, refs = _check_embeddings(queries, refs)
+    device, n, m = queries.device, len(queries), len(refs)
+    if isinstance(num_intervals, bool) or not isinstance(num_intervals, int) or num_intervals < 1:
+        raise ValueError(f"num_intervals must be an integer >= 1, got {num_intervals!r}")
+    if num_intervals > MAX_INTERVALS:
+        raise ValueError(
+            f"the triton histogram kernel supports at most {MAX_BINS} bin centres "
+            f"(num_intervals <= {MAX_INTERVALS}: FastAP num_bins <= {MAX_INTERVALS}, "
+            f"mAP_Q num_bins <= {MAX_BINS}); got num_intervals = {num_intervals}. "
+            "Use the cpu or gpu backend for more bins"
+        )
+    if categories is not None:
+        if not isinstance(categories, torch.Tensor) or categories.dtype != torch.int8:
+            got = categories.dtype if isinstance(categories, torch.Tensor) else type(categories)
+            raise TypeError(f"categories must be an int8 tensor, got {got}")
+        if tuple(categories.shape) != (n, m):
+            raise ValueError(f"categories must have shape {(n, m)}, got {tuple(categories.shape)}")
+        if categories.device != device:
+            raise ValueError(f"categories are on {categories.device}, the embeddings on {device}")
+        labels = ref_labels = self_columns = None
+    else:
+        if labels is None or ref_labels is None:
+            raise ValueError("labels and ref_labels are required when categories is None")
+        labels = _check_index(labels, "labels", n, device)
+        ref_labels = _check_index(ref_labels, "ref_labels", m, device)
+        if self_columns is not None:
+            self_columns = _check_index(self_columns, "self_columns", n, device)
+    if triton is None:
+        raise RuntimeError(
+            "the triton histogram kernel needs the triton package, which cannot be imported"
+        )
+    if not triton_available_for(device):
+        raise RuntimeError(
+            f"the triton histogram kernel runs on CUDA tensors (or on CPU tensors in Triton's "
+            f"interpreter: TRITON_INTERPRET=1 set before this module is imported); got {device}"
+            + (" with the interpreter on" if interpreted() else "")
+        )
+    return TritonPairHistogram.apply(queries, refs, labels, ref_labels, self_columns,
+                                     categories, float(offset), float(scale), num_intervals,
+                                     tiles)  # fmt: skip
