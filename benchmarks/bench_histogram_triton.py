@@ -29,11 +29,14 @@ from pml_rank_plugins.functional.soft_histogram import LabelCategories, pair_his
 
 SETTINGS = {
     "default": tk.DEFAULT_TILES,
-    "tf32x3": tk.Tiles(precision="tf32x3"),
-    "n32": tk.Tiles(block_n=32),
-    "m128_w8": tk.Tiles(block_m=128, num_warps=8),
-    "n128_w8": tk.Tiles(block_n=128, num_warps=8),
+    "ieee": tk.Tiles(precision="ieee"),
+    "k64": tk.Tiles(block_k=64),
+    "n32_m32": tk.Tiles(block_n=32, block_m=32),
+    "m32": tk.Tiles(block_m=32),
+    "w8": tk.Tiles(num_warps=8),
     "stages3": tk.Tiles(num_stages=3),
+    "sm2": tk.Tiles(programs_per_sm=2),
+    "sm8": tk.Tiles(programs_per_sm=8),
 }
 
 
@@ -181,7 +184,9 @@ def main() -> None:
     small = tk.Tiles(block_n=16, block_m=16, block_k=16, block_d=16, target_programs=8)
     if not args.skip_correctness:
         if args.device == "cuda":
-            correctness(args.device, tk.DEFAULT_TILES)
+            for precision in ("ieee", "tf32x3"):
+                print(f"# tl.dot input_precision {precision}")
+                correctness(args.device, tk.Tiles(precision=precision))
         else:  # the interpreter: tiny sizes
             correctness(args.device, small, n=20, m=17, d=20)
     for n in args.sizes:
