@@ -115,13 +115,14 @@ class GeneratorDrawsOnTheDefaultDevice(TorchFunctionMode):
 class TwoLevelDataset(torch.utils.data.Dataset):
     def __init__(self):
         self.labels = LABELS
-        self.data = torch.randn(len(LABELS), 6, generator=torch.Generator().manual_seed(0))
+        gen = torch.Generator().manual_seed(0)
+        self.data = torch.randn(len(LABELS), 6, generator=gen, device="cpu")  # on the host
 
     def __len__(self):
         return len(self.labels)
 
     def __getitem__(self, i):
-        return self.data[i], torch.as_tensor(self.labels[i])
+        return self.data[i], torch.as_tensor(self.labels[i], device="cpu")
 
 
 @pytest.mark.parametrize("name", SAMPLERS)
