@@ -6,6 +6,8 @@
 #   make wheel -- builds dist/pml_rank_plugins-<version>-py3-none-any.whl in an isolated build
 #                 environment (needs only $(PYTHON) with pip: no .venv, no torch; README "Install")
 #   make test-fast -- the test suite without the tests marked slow
+#   make gpu-wheels -- downloads into .device-wheels/ the wheels a bare GPU machine (a torch image,
+#                 Python 3.12, no network) needs: scripts/gpu_check.sh installs them (docs/reliability.md)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,7 +18,7 @@ STAMP := $(VENV)/.installed
 PML_RANK_DATA ?= $(abspath ../shared/data)
 export PML_RANK_DATA
 
-.PHONY: demo test test-fast docs wheel lint format clean
+.PHONY: demo test test-fast docs wheel lint format clean gpu-wheels
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +48,11 @@ docs: $(STAMP)
 # are neither installed nor downloaded.
 wheel:
 	$(PYTHON) -m pip wheel --no-deps -w dist .
+
+# PyPI only, --no-deps, for GPU_PYTHON (default 3.12, the device image's) manylinux x86_64
+GPU_PYTHON ?= 3.12
+gpu-wheels:
+	PYTHON=$(PYTHON) scripts/gpu_wheels.sh --python-version $(GPU_PYTHON)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pml_rank_plugins tests benchmarks

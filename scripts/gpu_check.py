@@ -6,10 +6,13 @@ process (``scripts/gpu_check_parts.py``, ``gpu_check_dist.py``, ``gpu_check_knn.
 fails or runs out of time, and writes ``OUT/gpu_check.md`` and ``OUT/gpu_check.json`` after
 every part (a run cut short still leaves what it found):
 
-* ``environment`` -- GPU name, driver and CUDA versions, torch, PML, faiss (CPU or GPU build),
-  CPU model and threads;
+* ``environment`` -- GPU name, driver and CUDA versions, torch, PML, faiss (CPU or GPU build:
+  the CPU fallback and the faiss-gpu route named), CPU model and threads, and every runtime
+  dependency of ``pyproject.toml`` (the part fails naming each missing one);
 * ``tests`` -- ``TEST_DEVICE=<device> pytest -m "not slow"`` over the directories that honour
-  ``TEST_DEVICE`` (``tests/conftest.py``'s ``DEVICE_TEST_DIRS``), pass/fail counts;
+  ``TEST_DEVICE`` (``tests/conftest.py``'s ``DEVICE_TEST_DIRS``; ``--tests``: other targets),
+  pass/fail counts and the failures grouped by their first error line, with counts and test ids
+  (from pytest's JUnit report); the whole pytest output in ``OUT/parts/tests/pytest.txt``;
 * ``benchmarks`` -- FastAP, mAP_Q and RankedList against PML's losses and the floor, forward +
   backward, N = 4096, 16384, 65536 (PML recorded as out of memory where it does not fit),
   float32 and bfloat16 autocast, peak CUDA memory, and the memory bank (batch 256 against
@@ -20,6 +23,13 @@ every part (a run cut short still leaves what it found):
   the same global batch, and the process-group timeout path;
 * ``knn`` -- PML's ``AccuracyCalculator`` with faiss-gpu when installed (else the CPU path,
   named), equal to PML's exact search.
+
+Before the parts, a runtime dependency whose module is not found makes the kit install the wheels
+of ``--wheels`` (default ``.device-wheels/``, made by ``make gpu-wheels``: a bare GPU machine has
+no network) that are not installed, and the report says what it installed
+(``gpu_check_deps.py``). After each part its logs (the pytest output, torchrun's) are copied to
+``OUT/logs/PART_NAME``: one folder down, so a transfer limited to a few files and two folder
+levels brings back ``gpu_check.md``, ``gpu_check.json`` and the logs.
 
 ``--tiny`` uses toy sizes (N = 64, 128; a few test files; two training iterations) so CI runs
 the same script on the CPU in well under a minute (``tests/test_gpu_check.py``); it runs the
@@ -39,12 +49,15 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+
+from gpu_check_deps import DEFAULT_WHEELS, install_missing
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("environment", "tests", "benchmarks", "training", "distributed", "knn")
@@ -156,7 +169,8 @@ def run_process(cmd: list, log: Path, limit_s: float) -> tuple[int | None, bool,
     """``cmd`` in its own process group with the repository on ``PYTHONPATH``, output into
     ``log``, stopped (:func:`stop_group`) after ``limit_s`` seconds: ``(exit code, timed out,
     seconds)``."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    entries = [str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(e for e in entries if e))}
     start = time.monotonic()
     with open(log, "w") as output:
         proc = subprocess.Popen(
@@ -231,6 +245,26 @@ def skipped(reason: str) -> dict:
     }
 
 
+# logs copied to OUT/logs/PART_NAME after each part: one folder down from OUT, so a transfer
+# limited to a few files (8) and two folder levels brings them back with the report; a part's
+# own log.txt only when the part failed
+LOGS = ("pytest.txt", "torchrun.log")
+
+
+def copy_logs(out: Path, part: str, failed: bool) -> list[str]:
+    """Copies the part's logs (:data:`LOGS`, and ``log.txt`` when it ``failed``) that are not
+    empty to ``OUT/logs/PART_NAME``; returns their paths relative to ``out``."""
+    copied = []
+    for name in [*LOGS, "log.txt"] if failed else LOGS:
+        source = out / "parts" / part / name
+        if source.is_file() and source.stat().st_size:
+            target = out / "logs" / f"{part}_{name}"
+            target.parent.mkdir(exist_ok=True)
+            shutil.copyfile(source, target)
+            copied.append(str(target.relative_to(out)))
+    return copied
+
+
 def write_report(out: Path, report: dict) -> None:
     """``gpu_check.json`` (everything) and ``gpu_check.md`` (summary table, then each part)."""
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
@@ -245,6 +279,8 @@ def markdown(report: dict) -> list[str]:
         f"`scripts/gpu_check.sh --device {args['device']}{' --tiny' if args['tiny'] else ''}` "
         f"on {report['host']}, started {report['started']}, {report['total_seconds']:.0f} s "
         f"in all{'' if report['complete'] else ' (incomplete: still running or cut short)'}.",
+        "",
+        f"Set-up: {report['setup']['message']}",
         "",
         "| part | status | seconds | limit s | reason |",
         "| --- | --- | ---: | ---: | --- |",
@@ -275,8 +311,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--parts", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts"
     )
+    parser.add_argument(
+        "--wheels",
+        type=Path,
+        default=DEFAULT_WHEELS,
+        help="wheels installed when a runtime dependency is missing (make gpu-wheels)",
+    )
+    parser.add_argument(
+        "--tests", nargs="+", help="the tests part's pytest targets (default: the device dirs)"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.tests:  # read by the tests part (gpu_check_parts.TESTS_ENV), in its process
+        os.environ["GPU_CHECK_TESTS"] = os.pathsep.join(args.tests)
+    setup = install_missing(args.wheels)
+    print(f"gpu_check: set-up: {setup['message']}", flush=True)
     limits = TINY_LIMITS_S if args.tiny else LIMITS_S
     start = time.monotonic()
     report = {
@@ -286,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "total_seconds": 0.0,
         "complete": False,
+        "setup": setup,
         "parts": {},
     }
     runnable = [p for p in args.parts if not (args.device == "cpu" and p in CUDA_ONLY)]
@@ -309,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"gpu_check: {part} (limit {min(limits[part], left):.0f} s) ...", flush=True)
             result = run_part(part, args.device, args.tiny, args.out, min(limits[part], left))
+        result["logs"] = copy_logs(args.out, part, result["status"] == "fail")
         report["parts"][part] = result
         report["total_seconds"] = round(time.monotonic() - start, 1)
         print(f"gpu_check: {part}: {result['status']} {result.get('reason') or ''}", flush=True)

@@ -5,9 +5,10 @@
 docs/scaling.md's commands do). Each rank computes the gradient of its slice of a 26-item
 global batch through ``DistributedDataParallel`` and the package's ``chunked_backward``
 (FastAP + PML's ProxyAnchor, float64, as ``tests/trainers/test_distributed.py``); the part
-compares both ranks' gradients with one process on the whole batch. Then, in the same process
-group (timeout :data:`TIMEOUT_S`), rank 1 hangs and rank 0's barrier must fail with
-:class:`~pml_rank_plugins.running.distributed.RankTimeoutError` naming rank 1.
+compares both ranks' gradients with one process on the whole batch (process-group timeout
+:data:`EQUALITY_TIMEOUT_S`: generous, CUDA start-up in a second rank is slow). Then, in a new
+process group with the short timeout :data:`TIMEOUT_S`, rank 1 hangs and rank 0's barrier must
+fail with :class:`~pml_rank_plugins.running.distributed.RankTimeoutError` naming rank 1.
 
 Layouts (:func:`ddp_layout`): on the CPU gloo through ``distributed.setup``; on two or more GPUs
 NCCL through ``distributed.setup`` (``cuda:LOCAL_RANK``; NCCL's watchdog aborts a rank on the
@@ -34,7 +35,11 @@ from pml_rank_plugins.running import distributed
 from pml_rank_plugins.trainers import chunked_backward
 
 SHARDS = [slice(0, 14), slice(14, 26)]  # uneven on purpose, as tests/trainers/test_distributed.py
-TIMEOUT_S = {"gloo": 2, "nccl": 20}  # NCCL: its first collective also sets up the communicator
+# The hang scenario's process-group timeout (short: the part waits it out); NCCL's first collective
+# also sets up the communicator. The gradient check runs in a group with EQUALITY_TIMEOUT_S: CUDA
+# start-up in a second rank takes longer than the short timeout (2 s failed DDP's start on an H200).
+TIMEOUT_S = {"gloo": 5, "nccl": 20}
+EQUALITY_TIMEOUT_S = 60
 TOLERANCE = 1e-9  # float64 gradients; 1e-10 on the CPU test
 
 
@@ -65,10 +70,12 @@ def ddp_layout(device: str) -> tuple[str, str]:
 
 
 def ddp_worker(args) -> None:
-    """One torchrun rank: gradients to ``OUT/grads.RANK.pt``, then the timeout scenario (rank 0
-    writes the error to ``OUT/timeout.txt`` and exits 1)."""
+    """One torchrun rank: gradients to ``OUT/grads.RANK.pt`` (process group timeout
+    :data:`EQUALITY_TIMEOUT_S`), then the timeout scenario in a new group with the short
+    :data:`TIMEOUT_S` (rank 0 writes the error to ``OUT/timeout.txt`` and exits 1)."""
     backend, layout = ddp_layout(args.device)
-    ctx = distributed.setup(args.device if layout == "setup" else "cpu", timeout=TIMEOUT_S[backend])
+    setup_device = args.device if layout == "setup" else "cpu"
+    ctx = distributed.setup(setup_device, timeout=EQUALITY_TIMEOUT_S)
     device = ctx.device if layout == "setup" else torch.device("cuda", 0)
     rank, out = dist.get_rank(), Path(args.out)
     x, y, model, proxies, loss = ddp_problem(device)
@@ -78,6 +85,9 @@ def ddp_worker(args) -> None:
         {"grads": gradients(model, proxies), "device": str(device)}, out / f"grads.{rank}.pt"
     )
     distributed.barrier()  # both saved before rank 1 hangs
+    del ddp
+    distributed.teardown(ctx)
+    distributed.setup(setup_device, timeout=TIMEOUT_S[backend])
     if rank == 1:
         time.sleep(300)  # hung: torchrun stops it once rank 0 has exited
     try:
@@ -131,7 +141,12 @@ def part_distributed(args) -> dict:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda, but torch.cuda.is_available() is False")
     backend, layout = ddp_layout(args.device)
-    details = {"backend": backend, "layout": layout, "timeout_s": TIMEOUT_S[backend]}
+    details = {
+        "backend": backend,
+        "layout": layout,
+        "timeout_s": TIMEOUT_S[backend],
+        "equality_timeout_s": EQUALITY_TIMEOUT_S,
+    }
     lines = [f"- backend {backend} ({layout}), 2 processes on {args.device}"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
     cmd += [f"--master_port={free_port()}", Path(__file__).resolve(), "ddp-worker"]

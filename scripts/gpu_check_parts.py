@@ -21,7 +21,6 @@ import json
 import math
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -31,7 +30,9 @@ from pathlib import Path
 
 import pytorch_metric_learning
 import torch
+from gpu_check_deps import check_dependencies, faiss_route, missing
 from gpu_check_here import run_here, run_script_here
+from gpu_check_pytest import failure_groups, group_lines, parse_pytest, tail
 
 import pml_rank_plugins
 
@@ -44,6 +45,10 @@ FLOOR_TARGET = 1.5
 MEMORY_TARGET_GIB = 8.0
 # --tiny: one quick file from the device test directories
 TINY_TESTS = ["tests/utils/test_pair_masks.py"]
+# the tests part's targets instead of the device directories (gpu_check.py --tests): paths
+# separated by os.pathsep
+TESTS_ENV = "GPU_CHECK_TESTS"
+PYTEST_LOG = "pytest.txt"  # the whole pytest output, in the part's folder (and OUT/logs/)
 
 
 def cuda_refusal(device: str) -> str | None:
@@ -56,9 +61,16 @@ def cuda_refusal(device: str) -> str | None:
     return None
 
 
+def python_path() -> str:
+    """The repository first on ``PYTHONPATH``, then the caller's own entries (kept, not
+    replaced: a user's path or a ``pip install --target`` folder)."""
+    entries = [str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    return os.pathsep.join(dict.fromkeys(e for e in entries if e))
+
+
 def run(cmd: list, timeout: float, env_extra: dict | None = None, cwd=ROOT):
-    """``cmd`` with the repository on ``PYTHONPATH``; ``(returncode, output)``."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    """``cmd`` with the repository prepended to ``PYTHONPATH``; ``(returncode, output)``."""
+    env = {**os.environ, "PYTHONPATH": python_path(), "OMP_NUM_THREADS": "1", **(env_extra or {})}
     done = subprocess.run(
         [str(c) for c in cmd],
         cwd=cwd,
@@ -68,10 +80,6 @@ def run(cmd: list, timeout: float, env_extra: dict | None = None, cwd=ROOT):
         timeout=timeout,
     )
     return done.returncode, done.stdout + done.stderr
-
-
-def tail(text: str, lines: int = 15) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 # -- environment ----------------------------------------------------------------------------------
@@ -135,31 +143,24 @@ def part_environment(args) -> dict:
         "pytorch_metric_learning": pytorch_metric_learning.__version__,
         "pml_rank_plugins": pml_rank_plugins.__version__,
         "faiss": faiss_info(),
+        "dependencies": check_dependencies(),
     }
-    lines = [f"- {key}: {value}" for key, value in info.items()]
+    lines = [f"- {key}: {value}" for key, value in info.items() if key != "dependencies"]
+    lines.append(f"- faiss for the k-NN: {faiss_route(info['faiss'])}")
+    absent = missing(info["dependencies"])
+    lines += [
+        f"- runtime dependencies (pyproject): {len(info['dependencies'])} checked, "
+        f"missing: {', '.join(absent) or 'none'}"
+    ]
+    problems = [f"missing runtime dependencies: {'; '.join(absent)}"] if absent else []
     if args.device == "cuda" and not gpus:
-        return fail("--device cuda, but torch.cuda.is_available() is False", info, lines)
+        problems.insert(0, "--device cuda, but torch.cuda.is_available() is False")
+    if problems:
+        return fail("; ".join(problems), info, lines)
     return done("pass", None, info, lines)
 
 
 # -- tests ----------------------------------------------------------------------------------------
-SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
-
-
-def parse_pytest(output: str) -> dict:
-    """Counts from pytest's last summary line, failing test ids and skip reasons (``-ra``)."""
-    counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
-    summary = [
-        ln for ln in output.splitlines() if SUMMARY.search(ln) and re.search(r" in [\d.]+s", ln)
-    ]
-    line = summary[-1] if summary else (output.strip().splitlines() or [""])[-1]
-    for number, word in SUMMARY.findall(line):
-        counts["errors" if word.startswith("error") else word] = int(number)
-    failed = [ln.split()[1] for ln in output.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
-    skips = [ln for ln in output.splitlines() if ln.startswith("SKIPPED ")]
-    return {**counts, "failed_ids": failed[:30], "skip_reasons": skips[:10], "summary": line}
-
-
 def device_test_dirs() -> list[str]:
     """``DEVICE_TEST_DIRS`` of ``tests/conftest.py`` (the directories that honour
     ``TEST_DEVICE``), read without importing it (its import sets torch's thread count)."""
@@ -174,9 +175,13 @@ def device_test_dirs() -> list[str]:
 
 def part_tests(args) -> dict:
     dirs = device_test_dirs()
-    targets = TINY_TESTS if args.tiny else [f"tests/{name}" for name in dirs]
+    chosen = [t for t in os.environ.get(TESTS_ENV, "").split(os.pathsep) if t]
+    targets = chosen or (TINY_TESTS if args.tiny else [f"tests/{name}" for name in dirs])
     workers = "4" if (os.cpu_count() or 1) >= 8 and not args.tiny else "0"
-    options = ["-q", "-ra", "-p", "no:cacheprovider", "-n", workers, "-m", "not slow", *targets]
+    junit = Path(args.out, "junit.xml").resolve()
+    junit.unlink(missing_ok=True)
+    options = ["-q", "-ra", "-p", "no:cacheprovider", "-n", workers, "-m", "not slow"]
+    options += [f"--junitxml={junit}", *targets]
     if args.tiny:  # in this process: one torch import fewer (see gpu_check_here)
         import pytest  # only this part needs it
 
@@ -186,18 +191,25 @@ def part_tests(args) -> dict:
     else:
         cmd = [sys.executable, "-m", "pytest", *options]
         code, output = run(cmd, args.budget, {"TEST_DEVICE": args.device})
+    Path(args.out, PYTEST_LOG).write_text(output)
     counts = parse_pytest(output)
+    groups = failure_groups(junit) if junit.is_file() else []
     details = {"targets": targets, "test_device": args.device, "returncode": code, **counts}
+    details["failure_groups"] = groups
     lines = [
         f"`TEST_DEVICE={args.device} pytest -m 'not slow' {' '.join(targets)}` "
         f"(directories honouring TEST_DEVICE: {', '.join(dirs)})",
         "",
         f"passed {counts['passed']}, failed {counts['failed']}, errors {counts['errors']}, "
-        f"skipped {counts['skipped']}",
-        *(f"- {test}" for test in counts["failed_ids"]),
+        f"skipped {counts['skipped']}; the whole output: `logs/tests_{PYTEST_LOG}`",
     ]
+    if groups:
+        lines += ["", "Failures by their first error line:", "", *group_lines(groups)]
+    elif code != 0:  # no JUnit report (a collection or start-up error): the output's end
+        lines += ["", "```", tail(output, 20), "```"]
     if code != 0 or counts["passed"] == 0:
-        return fail(f"pytest exit code {code}: {counts['summary']}", details, lines)
+        top = f"; most common: {groups[0]['count']} x {groups[0]['error']}" if groups else ""
+        return fail(f"pytest exit code {code}: {counts['summary']}{top}", details, lines)
     return done("pass", None, details, lines)
 
 

@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_check  # noqa: E402
+import gpu_check_deps  # noqa: E402
+import gpu_check_parts  # noqa: E402
 from gpu_check_here import run_here, run_script_here  # noqa: E402
-from gpu_check_parts import parse_pytest  # noqa: E402
+from gpu_check_parts import failure_groups, parse_pytest  # noqa: E402
 
 # the tests of this module share one module-scoped fixture: under `-n 2 --dist loadfile`
 # (make test) they run on one worker, so the fixture is built once
@@ -63,6 +65,11 @@ def test_gpu_check_cpu_tiny_reports_every_part(cpu_report):
     environment = report["parts"]["environment"]["details"]
     for key in ("torch", "pytorch_metric_learning", "faiss", "cpu_model", "cuda_available"):
         assert key in environment
+    names = {row["name"].split()[0] for row in environment["dependencies"]}
+    assert {"record-keeper", "optuna", "faiss-cpu", "statsmodels", "torch"} <= names
+    assert report["setup"]["message"] == "every runtime dependency found: nothing installed"
+    assert (out / "logs" / "tests_pytest.txt").is_file()  # one folder down from --out
+    assert (out / "logs" / "distributed_torchrun.log").is_file()
     tests = report["parts"]["tests"]["details"]
     assert tests["passed"] > 0 and tests["failed"] == tests["errors"] == 0
     results = report["parts"]["benchmarks"]["details"]["results"]
@@ -189,3 +196,127 @@ def test_a_script_run_in_process_gives_its_exit_code_and_output_and_restores_sta
         assert os.getcwd() == str(tmp_path) and sys.argv == ["x"]
     assert (sys.argv, sys.path, os.getcwd()) == (argv, path, cwd)
     assert "GPU_CHECK_X" not in os.environ
+
+
+PLANTED = """
+def test_fine():
+    pass
+
+
+def test_planted_one():
+    raise RuntimeError("planted 40: Expected a 'cuda' device type for generator but found 'cpu'")
+
+
+def test_planted_two():
+    raise RuntimeError("planted 40: Expected a 'cuda' device type for generator but found 'cpu'")
+"""
+
+
+# slow: the tests part's process imports torch and runs pytest (about 7 s of CPU)
+@pytest.mark.slow
+def test_a_planted_failing_test_is_reported_with_its_error_line_count_and_ids(tmp_path):
+    planted = tmp_path / "test_planted.py"
+    planted.write_text(PLANTED)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    cmd = [str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--tiny", "--out", str(out)]
+    cmd += ["--parts", "tests", "--tests", "tests/utils/test_pair_masks.py", str(planted)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    error = "RuntimeError: planted 40: Expected a 'cuda' device type for generator but found 'cpu'"
+    markdown = (out / "gpu_check.md").read_text()
+    assert f"- 2 x `{error}`: `test_planted_one`, `test_planted_two`" in markdown
+    tests = json.loads((out / "gpu_check.json").read_text())["parts"]["tests"]
+    assert tests["status"] == "fail" and f"most common: 2 x {error}" in tests["reason"]
+    assert tests["details"]["failure_groups"] == [
+        {"error": error, "count": 2, "tests": ["test_planted_one", "test_planted_two"]}
+    ]
+    # the whole pytest output, in the part's folder and one folder down from --out
+    for log in (out / "parts" / "tests" / "pytest.txt", out / "logs" / "tests_pytest.txt"):
+        assert "2 failed" in log.read_text() and "planted 40" in log.read_text()
+
+
+def test_failures_are_grouped_by_their_first_error_line(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.losses.test_fastap" name="test_a[float32]">'
+        '<failure message="RuntimeError: boom&#10;second line">tb</failure></testcase>'
+        '<testcase classname="tests.utils.test_pair_masks" name="test_b">'
+        '<failure message="RuntimeError: boom">tb</failure></testcase>'
+        '<testcase classname="tests.trainers.test_chunked_backward" name="test_c">'
+        '<error message="failed on setup with &quot;KeyError&quot;">tb</error></testcase>'
+        '<testcase classname="tests.utils.test_pair_masks" name="test_ok" />'
+        "</testsuite></testsuites>"
+    )
+    assert failure_groups(junit) == [
+        {
+            "error": "RuntimeError: boom",
+            "count": 2,
+            "tests": [
+                "tests/losses/test_fastap.py::test_a[float32]",
+                "tests/utils/test_pair_masks.py::test_b",
+            ],
+        },
+        {
+            "error": '(error in set-up or tear-down) failed on setup with "KeyError"',
+            "count": 1,
+            "tests": ["tests/trainers/test_chunked_backward.py::test_c"],
+        },
+    ]
+    lines = gpu_check_parts.group_lines([{"error": "E", "count": 7, "tests": list("abcdefg")}])
+    assert lines == ["- 7 x `E`: `a`, `b`, `c`, `d`, `e` and 2 more (gpu_check.json)"]
+
+
+def test_subprocesses_keep_the_callers_pythonpath(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/mine/a", str(ROOT), "/mine/b"]))
+    assert gpu_check_parts.python_path() == os.pathsep.join([str(ROOT), "/mine/a", "/mine/b"])
+    code, output = gpu_check_parts.run(
+        [sys.executable, "-c", "import os; print(os.environ['PYTHONPATH'])"], 60
+    )
+    assert code == 0 and output.strip() == gpu_check_parts.python_path()
+
+
+def test_every_runtime_dependency_of_pyproject_is_checked():
+    names = [name for name, _ in gpu_check_deps.runtime_requirements()]
+    for name in ("torch", "pytorch-metric-learning", "record-keeper", "optuna", "faiss-cpu"):
+        assert name in names
+    assert "statsmodels" in names and "pyyaml" in names
+    rows = {row["name"]: row for row in gpu_check_deps.check_dependencies(import_modules=False)}
+    assert rows["record-keeper"]["module"] == "record_keeper" and rows["pyyaml"]["module"] == "yaml"
+    assert all(row["problem"] is None for row in rows.values())  # CI has every one
+
+
+def test_missing_dependencies_install_the_folders_wheels_not_installed(tmp_path, monkeypatch):
+    for name in ("optuna-5.0.0-py3-none-any.whl", "torch-2.14.1-cp311-none-any.whl"):
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.setattr(
+        gpu_check_deps,
+        "check_dependencies",
+        lambda import_modules=True: [{"name": "optuna", "problem": "module optuna not found"}],
+    )
+    monkeypatch.setattr(
+        gpu_check_deps, "installed_version", lambda name: None if name == "optuna" else "1"
+    )
+    result = gpu_check_deps.install_missing(tmp_path, dry_run=True)
+    assert result["message"] == (f"would install ['optuna-5.0.0-py3-none-any.whl'] from {tmp_path}")
+    absent = gpu_check_deps.install_missing(tmp_path / "none")
+    assert "missing optuna (module optuna not found)" in absent["message"]
+    assert "make gpu-wheels" in absent["error"] and absent["installed"] == []
+
+
+def test_make_gpu_wheels_downloads_the_wheels_for_the_device_python():
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "gpu_wheels.sh"), "--print", "--dest", "/tmp/w"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    words = done.stdout.split()
+    assert words[1:4] == ["-m", "pip", "download"] and "--no-deps" in words
+    assert words[words.index("--python-version") + 1] == "3.12"
+    assert words[words.index("-d") + 1] == "/tmp/w"
+    for package in ("pytorch-metric-learning==2.9.0", "record-keeper", "optuna", "faiss-cpu"):
+        assert package in words
+    assert "/.device-wheels/" in (ROOT / ".gitignore").read_text().splitlines()

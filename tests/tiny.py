@@ -22,10 +22,13 @@ class TinyDataset(torch.utils.data.Dataset):
 
     def __init__(self, num_classes=12, per_class=6, num_categories=3, noise=1.5, seed=0):
         gen = torch.Generator().manual_seed(seed)
-        protos = torch.randn(num_classes, 1, 8, 8, generator=gen)
+        # on the host, as a dataset's items are (also under a CUDA default device: TEST_DEVICE)
+        protos = torch.randn(num_classes, 1, 8, 8, generator=gen, device="cpu")
         classes = np.repeat(np.arange(num_classes), per_class)
         self.labels = np.stack([classes, classes % num_categories], axis=1).astype(np.int64)
-        self.images = protos[classes] + noise * torch.randn(len(classes), 1, 8, 8, generator=gen)
+        self.images = protos[classes] + noise * torch.randn(
+            len(classes), 1, 8, 8, generator=gen, device="cpu"
+        )
 
     def __len__(self):
         return len(self.labels)

@@ -4,10 +4,12 @@ Every sampler here plans an epoch as a list of *batch specs* -- for each batch, 
 are drawn from -- and fills each part with :func:`~.class_pools.fill_part`. This base class owns
 everything else: label parsing, the private generator, epochs, sharding and ``__len__``.
 
-Randomness: a private ``torch.Generator`` seeded from ``(seed, epoch)``; the global RNGs are never
-touched. ``set_epoch(e)`` selects the epoch of the next iteration; every iteration then advances
-the epoch by one, so a PML trainer (which just re-iterates the DataLoader) gets a fresh but
-reproducible shuffle each epoch, and DDP users calling ``set_epoch`` get the usual semantics.
+Randomness: a private CPU ``torch.Generator`` seeded from ``(seed, epoch)``; the global RNGs are
+never touched, and every draw names ``device="cpu"``, so the batches do not depend on torch's
+default device (``torch.set_default_device("cuda")``). ``set_epoch(e)`` selects the epoch of the
+next iteration; every iteration then advances the epoch by one, so a PML trainer (which just
+re-iterates the DataLoader) gets a fresh but reproducible shuffle each epoch, and DDP users calling
+``set_epoch`` get the usual semantics.
 The epoch is claimed when the iteration yields its first batch, not when ``iter()`` is called:
 a ``DataLoader`` with ``num_workers > 0`` calls ``iter()`` twice per epoch, and an epoch's
 batches must depend only on ``(seed, epoch)`` whatever the loader does. ``state_dict()`` /
@@ -172,12 +174,15 @@ class ClassBatchSampler(BatchSampler):
     @staticmethod
     def _shuffled(specs: list[tuple], generator: torch.Generator) -> list[tuple]:
         """``specs`` in an order drawn from ``generator``."""
-        order = torch.randperm(len(specs), generator=generator).tolist()
+        order = torch.randperm(len(specs), generator=generator, device="cpu").tolist()
         return [specs[i] for i in order]
 
     def _generator(self, epoch: int) -> torch.Generator:
         state = np.random.SeedSequence([self.seed, epoch]).generate_state(2, dtype=np.uint32)
-        return torch.Generator().manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)
+        # on the CPU whatever torch's default device (torch.set_default_device("cuda") in a GPU
+        # script): every draw below names device="cpu", so the batches are the same everywhere
+        generator = torch.Generator(device="cpu")
+        return generator.manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """All batches of ``epoch`` for this rank (does not change the sampler's epoch)."""
@@ -194,7 +199,8 @@ class ClassBatchSampler(BatchSampler):
         batches = [fill(spec) for spec in specs]
         padding = -len(specs) % self.num_replicas
         if padding:
-            picks = torch.randint(len(specs), (padding,), generator=generator).tolist()
+            picks = torch.randint(len(specs), (padding,), generator=generator, device="cpu")
+            picks = picks.tolist()
             batches += [fill(specs[i]) for i in picks]
         # Every rank builds the whole epoch from the same generator, then keeps its own slice, so
         # the shards are exactly the single-process epoch (plus padding) split R ways.

@@ -82,7 +82,8 @@ class PoolCursor:
         self._reshuffle()
 
     def _reshuffle(self) -> None:
-        self.order = self.pool[torch.randperm(len(self.pool), generator=self.generator).numpy()]
+        order = torch.randperm(len(self.pool), generator=self.generator, device="cpu")
+        self.order = self.pool[order.numpy()]
         self.position = 0
 
     def next_class(self) -> int:
@@ -132,6 +133,6 @@ def fill_part(
     for k, t in zip(chosen, take):
         items = pools.class_items[k]
         if t < len(items):
-            items = items[torch.randperm(len(items), generator=generator)[:t].numpy()]
+            items = items[torch.randperm(len(items), generator=generator, device="cpu")[:t].numpy()]
         parts.append(items)
     return np.concatenate(parts)

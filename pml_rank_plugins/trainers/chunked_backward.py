@@ -13,9 +13,12 @@ computes a different (wrong) gradient. The exact procedure (FastAP sec. 4.3; Rev
 
 Exactness (what makes step 3 reproduce step 1):
 
-* RNG: the CPU (and, when initialized, CUDA) RNG state is saved before each chunk in step 1 and
-  restored before re-running it, so dropout masks replay; the state after the loss computation is
-  restored at the end, so the caller sees the RNG advanced exactly as by one ordinary step.
+* RNG: the CPU RNG state and, when CUDA is initialized, every GPU's
+  (``torch.cuda.get_rng_state_all``) are saved before each chunk in step 1 and restored before
+  re-running it, so dropout masks replay; the states after the loss computation are restored at
+  the end, so the caller sees the RNGs advanced exactly as by one ordinary step. The masks are
+  those of running the model on the same (balanced) chunks: CUDA's Philox generator advances per
+  kernel launch, so other chunk sizes draw other masks there (the CPU's stream does not).
 * Buffers (BatchNorm running statistics): every buffer of the given modules is snapshotted before
   step 1 and restored after it, so running statistics are updated once per chunk per step (by
   step 3). Batch statistics are those of each chunk, in both passes: chunked BatchNorm equals

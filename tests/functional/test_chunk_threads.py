@@ -15,6 +15,9 @@ from pml_rank_plugins.functional.ranked_list_chunked import (
 )
 from pml_rank_plugins.functional.soft_histogram import pair_histograms
 
+# torch's CPU threads: on the CPU whatever TEST_DEVICE (tests/conftest.py)
+pytestmark = pytest.mark.cpu_only
+
 
 def in_one_thread(fn):
     before = torch.get_num_threads()

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from pml_rank_plugins.functional.euclidean import euclidean_distances
+from tests.conftest import TEST_DEVICE
 
 
 def test_matches_cdist_values_and_gradients():
@@ -46,7 +47,7 @@ def test_autocast_bfloat16_computes_in_the_input_dtype():
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(7, 4, generator=gen, requires_grad=True)
     y = torch.randn(5, 4, generator=gen)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(TEST_DEVICE.type, dtype=torch.bfloat16):
         d = euclidean_distances(x, y)
     assert d.dtype == torch.float32
     (g,) = torch.autograd.grad(d.sum(), x)

@@ -20,6 +20,9 @@ from pml_rank_plugins.functional.validation import normalize_rows
 from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss, RankedListLoss
 from pml_rank_plugins.utils import loss_and_miner_utils
 
+# torch's CPU threads: on the CPU whatever TEST_DEVICE (tests/conftest.py)
+pytestmark = pytest.mark.cpu_only
+
 CPU = torch.device("cpu")
 
 

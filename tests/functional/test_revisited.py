@@ -146,7 +146,7 @@ def test_torch_ranks_and_evaluate_with_cosine_similarity():
     ranks = revisited_ranks(queries, db)
     assert ranks[:, 0].tolist() == [0, 2, 1, 3] and ranks[:, 1].tolist() == [1, 2, 0, 3]
     gnd = [{"easy": [2], "hard": [0], "junk": []}, {"easy": [1], "hard": [], "junk": [2]}]
-    got = revisited_evaluate(queries, db.numpy(), gnd)
+    got = revisited_evaluate(queries, db.cpu().numpy(), gnd)
     assert_same(got, reference(ranks, gnd, (1, 5, 10)))
     assert_same(revisited_map(torch.from_numpy(ranks), gnd), got)
     # query 0: easy 2 is first once hard 0 is ignored; query 1 has no hard image

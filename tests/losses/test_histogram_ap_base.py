@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss
+from tests.conftest import TEST_DEVICE
 
 LOSSES = [FastAPLoss, QuantizedAPLoss]
 
@@ -107,7 +108,7 @@ def test_bfloat16_autocast_is_finite_and_computed_in_float32(loss_class, seed):
     want = loss_class()(emb32, labels)
     (want_grad,) = torch.autograd.grad(want, emb32)
 
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(TEST_DEVICE.type, dtype=torch.bfloat16):
         emb = linear(x)  # bfloat16 under autocast
         assert emb.dtype == torch.bfloat16
         loss = loss_class()(emb, labels)

@@ -9,7 +9,7 @@ from pytorch_metric_learning.miners import MultiSimilarityMiner
 from pytorch_metric_learning.reducers import AvgNonZeroReducer, BaseReducer
 
 from pml_rank_plugins.losses import RankedListLoss
-from tests.conftest import make_embeddings_and_labels
+from tests.conftest import TEST_DEVICE, make_embeddings_and_labels
 from tests.reference_ranked_list import reference_caffe_v12_gradient, reference_rll
 
 
@@ -395,7 +395,7 @@ def test_autocast_bfloat16_finite_and_close_to_float32(gallery_gradient):
     inputs = torch.randn(48, 16, generator=gen)
     labels = torch.arange(48) % 6
     loss_fn = RankedListLoss(gallery_gradient=gallery_gradient)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(TEST_DEVICE.type, dtype=torch.bfloat16):
         emb = model(inputs)
         assert emb.dtype == torch.bfloat16
         loss = loss_fn(emb, labels)

@@ -12,7 +12,7 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from pml_rank_plugins.losses import RankedListLoss
 from pml_rank_plugins.miners import RankedListMiner, WeightedPairs
-from tests.conftest import make_embeddings_and_labels
+from tests.conftest import TEST_DEVICE, make_embeddings_and_labels
 
 ALPHA, MARGIN = 1.2, 0.4
 
@@ -238,7 +238,7 @@ def test_autocast_bfloat16_mines_in_float32():
     model = torch.nn.Linear(16, 8)
     inputs = torch.randn(48, 16, generator=gen)
     labels = torch.arange(48) % 6
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(TEST_DEVICE.type, dtype=torch.bfloat16):
         emb = model(inputs)
         out = RankedListMiner()(emb, labels)
         loss = RankedListLoss()(emb, labels, out)

@@ -16,13 +16,14 @@ from pml_rank_plugins.samplers import (
 class TwoLevelDataset(torch.utils.data.Dataset):
     def __init__(self, labels):
         self.labels = labels
-        self.data = torch.randn(len(labels), 6, generator=torch.Generator().manual_seed(0))
+        gen = torch.Generator().manual_seed(0)
+        self.data = torch.randn(len(labels), 6, generator=gen, device="cpu")  # on the host
 
     def __len__(self):
         return len(self.labels)
 
     def __getitem__(self, i):
-        return self.data[i], torch.as_tensor(self.labels[i])
+        return self.data[i], torch.as_tensor(self.labels[i], device="cpu")
 
 
 CLASSES = np.repeat(np.arange(24), 4)

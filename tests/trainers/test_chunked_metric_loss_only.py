@@ -11,8 +11,10 @@ from pml_rank_plugins.trainers import ChunkedMetricLossOnly
 class TwoLevel(torch.utils.data.Dataset):
     def __init__(self, n=48):
         gen = torch.Generator().manual_seed(0)
-        self.x = torch.randn(n, 6, generator=gen, dtype=torch.float64)
-        self.labels = torch.stack([torch.arange(n) % 6, torch.arange(n) % 2], dim=1)
+        # on the host, as a dataset's items are; the trainer moves batches to its data_device
+        self.x = torch.randn(n, 6, generator=gen, dtype=torch.float64, device="cpu")
+        classes = torch.arange(n, device="cpu")
+        self.labels = torch.stack([classes % 6, classes % 2], dim=1)
 
     def __len__(self):
         return len(self.x)

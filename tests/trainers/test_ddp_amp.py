@@ -32,7 +32,8 @@ class RecordingLoss(torch.nn.Module):
 
 def _one_step(amp):
     torch.manual_seed(0)
-    x, y = torch.randn(32, 6), torch.arange(32) % 4
+    # the dataset on the host, the model on the test device (torch's default device)
+    x, y = torch.randn(32, 6, device="cpu"), torch.arange(32, device="cpu") % 4
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
     before = [p.detach().clone() for p in model.parameters()]
     trunk_dtypes = []
@@ -44,9 +45,12 @@ def _one_step(amp):
         batch_size=16,
         loss_funcs={"metric_loss": loss},
         dataset=torch.utils.data.TensorDataset(x, y),
+        # not the DataLoader's shuffle: its RandomSampler draws from a CPU generator on the
+        # default device, which a CUDA default device refuses (a torch limitation)
+        sampler=torch.utils.data.SequentialSampler(range(32)),
         iterations_per_epoch=2,
         dataloader_num_workers=0,
-        data_device=torch.device("cpu"),
+        data_device=torch.get_default_device(),
         amp=amp,
     )
     trainer.train(1, 1)
@@ -97,12 +101,16 @@ def test_grad_scaler_only_for_float16():
     assert isinstance(make_grad_scaler({"dtype": "float16"}, "cpu"), torch.amp.GradScaler)
 
 
+# The runner builds its models and picks its device from the config: on the CPU whatever
+# TEST_DEVICE (the kit's training part runs it on a GPU with both autocast dtypes).
+@pytest.mark.cpu_only
 def test_trainer_class_is_wrapped_only_when_needed():
     assert distributed_trainer_class(MetricLossOnly) is DistributedMetricLossOnly
     exp = builder.build_experiment(tiny_config())
     assert type(builder.make_trainer(exp)) is MetricLossOnly  # single process, no amp: PML's own
 
 
+@pytest.mark.cpu_only
 def test_runner_trains_with_bfloat16_autocast(tmp_path):
     cfg = tiny_config(trainer={"MetricLossOnly": {"amp": {"dtype": "bfloat16"}, "num_epochs": 1}})
     metrics = runner.train(cfg, tmp_path / "run")
@@ -116,6 +124,7 @@ def test_runner_trains_with_bfloat16_autocast(tmp_path):
     assert weights["trunk"]["fc.weight"].dtype == torch.float32  # master weights stay float32
 
 
+@pytest.mark.cpu_only
 def test_float16_grad_scaler_state_is_checkpointed_and_resumed(tmp_path):
     cfg = tiny_config(trainer={"MetricLossOnly": {"amp": {"dtype": "float16"}, "num_epochs": 2}})
     runner.train(cfg, tmp_path / "a")
