@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.distances import CosineSimilarity
 
+from ..functional.histogram.sync_free import balanced_query_weights
 from ..functional.histogram_ap import histogram_ap, tie_aware_histogram_ap
 from ..functional.validation import check_int
 from .histogram_ap_base import MAX_NUM_BINS, HistogramAPLoss
@@ -81,3 +82,8 @@ class QuantizedAPLoss(HistogramAPLoss):
             return None
         _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
         return len(labels) / (len(counts) * counts[inverse].double())
+
+    def _masked_query_weights(self, labels: torch.Tensor, valid: torch.Tensor):
+        if not self.class_balanced:
+            return None
+        return balanced_query_weights(labels, valid)
