@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pytorch_metric_learning.distances import LpDistance
 
+from ..functional.histogram.ap_losses import masked_ap_losses
 from ..functional.histogram_ap import histogram_ap
 from ..functional.validation import check_int
 from .histogram_ap_base import MAX_NUM_BINS, HistogramAPLoss
@@ -68,3 +69,6 @@ class FastAPLoss(HistogramAPLoss):
 
     def _average_precision(self, h_pos, h_neg, num_pos):
         return histogram_ap(h_pos, h_neg, num_pos)
+
+    def _masked_losses(self, hist, num_pos, ranked, weights=None, mean_over=None):
+        return masked_ap_losses(hist, num_pos, ranked, False, weights, mean_over)

@@ -101,6 +101,16 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     def _query_weights(self, labels: torch.Tensor) -> torch.Tensor | None:
         return None
 
+    def _masked_losses(self, hist, num_pos, ranked, weights=None, mean_over=None):
+        """``(N,)`` ``where(ranked, weights (1 - AP), 0)`` of all queries, or with ``mean_over``
+        (a 0-dim count) their sum over ``max(mean_over, 1)`` (the ``gpu`` / ``triton`` path).
+        This default differentiates ``_average_precision`` with autograd; FastAP and mAP_Q / T
+        override it with the closed-form backward of ``functional.histogram.ap_losses``."""
+        ap = self._average_precision(hist[:, 0], hist[:, 1], num_pos.to(hist.dtype))
+        losses = torch.where(ranked, 1 - ap, 0)
+        losses = losses if weights is None else losses * weights.to(losses.dtype)
+        return losses if mean_over is None else losses.sum() / mean_over.clamp_min(1)
+
     def _masked_query_weights(self, labels: torch.Tensor, valid: torch.Tensor):
         """``(N,)`` weights of all queries given the ``valid`` mask, without a host sync (the
         ``gpu`` / ``triton`` path); ``None``: unweighted."""

@@ -53,11 +53,9 @@ def sync_free_loss(
         loss.num_skipped_queries = torch.full((), n, dtype=torch.long, device=queries.device)
         return loss._connected_zero(queries, refs)
     with torch.no_grad():
-        categories, num_pos, num_neg = _categories(
+        categories, num_pos, valid, ranked = _categories(
             labels, ref_labels, indices_tuple, is_self, self_index, check_values
         )
-        valid = num_pos > 0
-        ranked = valid & (num_neg > 0)
         num_valid = valid.sum()
     loss.num_valid_queries, loss.num_skipped_queries = num_valid, n - num_valid
     offset, scale = loss._bin_transform()
@@ -71,14 +69,11 @@ def sync_free_loss(
         loss.chunk_size,
         backend=backend,
     )
-    average_precision = loss._average_precision(hist[:, 0], hist[:, 1], num_pos.to(hist.dtype))
-    losses = torch.where(ranked, 1 - average_precision, 0)
     weights = loss._masked_query_weights(labels, valid)
-    if weights is not None:
-        losses = losses * weights.to(losses.dtype)
     if type(loss.reducer) is MeanReducer:
-        mean = losses.sum() / num_valid.clamp_min(1)
+        mean = loss._masked_losses(hist, num_pos, ranked, weights, num_valid)
         return {"loss": {"losses": mean, "indices": None, "reduction_type": "already_reduced"}}
+    losses = loss._masked_losses(hist, num_pos, ranked, weights)
     # Another reducer needs the valid queries' own losses: one nonzero (one host sync).
     valid_rows = torch.nonzero(valid).squeeze(1)
     return {
@@ -91,20 +86,27 @@ def sync_free_loss(
 
 
 def _categories(labels, ref_labels, indices_tuple, is_self, self_index, check_values):
-    """``(categories, num_pos, num_neg)``: a ``LabelPairs`` source without a miner (counts by
-    binary search, O(N + M)), else the mined pairs' ``(N, M)`` int8 tensor. With
+    """``(categories, num_pos, valid, ranked)``: a ``LabelPairs`` source without a miner (counts
+    by binary search, O(N + M)), else the mined pairs' ``(N, M)`` int8 tensor. With
     ``check_values`` the mined pairs go through the CPU path's ``pair_masks`` /
     ``pair_categories`` (which reject a pair mined both ways)."""
     if indices_tuple is None:
         exclude_own = is_self or self_index is not None
-        self_columns = self_index
-        if is_self:
-            self_columns = torch.arange(len(labels), device=labels.device)
-        num_pos, num_neg = label_counts(labels, ref_labels, exclude_own)
-        return LabelPairs(labels, ref_labels, self_columns), num_pos, num_neg
+        num_pos, valid, ranked = label_counts(labels, ref_labels, exclude_own)
+        categories = LabelPairs(labels, ref_labels, self_index, diagonal=is_self)
+        return categories, num_pos, valid, ranked
     if check_values:
         pos_mask, neg_mask = pair_masks(labels, ref_labels, indices_tuple, exclude_self=is_self)
-        return pair_categories(pos_mask, neg_mask), pos_mask.sum(1), neg_mask.sum(1)
-    pairs = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
-    exclude_diagonal = is_self and len(labels) == len(ref_labels)
-    return mined_categories(pairs, len(labels), len(ref_labels), exclude_diagonal)
+        categories, num_pos, num_neg = (
+            pair_categories(pos_mask, neg_mask),
+            pos_mask.sum(1),
+            neg_mask.sum(1),
+        )
+    else:
+        pairs = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
+        exclude_diagonal = is_self and len(labels) == len(ref_labels)
+        categories, num_pos, num_neg = mined_categories(
+            pairs, len(labels), len(ref_labels), exclude_diagonal
+        )
+    valid = num_pos > 0
+    return categories, num_pos, valid, valid & (num_neg > 0)

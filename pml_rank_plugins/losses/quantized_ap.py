@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.distances import CosineSimilarity
 
+from ..functional.histogram.ap_losses import masked_ap_losses
 from ..functional.histogram.sync_free import balanced_query_weights
 from ..functional.histogram_ap import histogram_ap, tie_aware_histogram_ap
 from ..functional.validation import check_int
@@ -76,6 +77,9 @@ class QuantizedAPLoss(HistogramAPLoss):
         if self.tie_aware:
             return tie_aware_histogram_ap(h_pos, h_neg, num_pos)
         return histogram_ap(h_pos, h_neg, num_pos)
+
+    def _masked_losses(self, hist, num_pos, ranked, weights=None, mean_over=None):
+        return masked_ap_losses(hist, num_pos, ranked, self.tie_aware, weights, mean_over)
 
     def _query_weights(self, labels: torch.Tensor) -> torch.Tensor | None:
         if not self.class_balanced:
