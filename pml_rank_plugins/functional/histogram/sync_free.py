@@ -43,9 +43,11 @@ class _UnitRows(torch.autograd.Function):
         # ||x|| = norm / scale; below eps the value is F.normalize's x / eps = scaled / (scale eps)
         # (a zero row gives 0), a constant.
         floor = scale * eps
-        unit = scaled / torch.maximum(norm, floor)
-        # d unit / d x = (I - u u^T) / ||x|| = (I - u u^T) scale / norm; zero for the tiny rows.
-        inverse = (scale / norm).mul_(norm >= floor)
+        denominator = torch.maximum(norm, floor)
+        unit = scaled / denominator
+        # d unit / d x = (I - u u^T) / ||x|| = (I - u u^T) scale / norm; zero for the tiny rows
+        # (the denominator keeps 0 / 0 out of a zero row).
+        inverse = (scale / denominator).mul_(norm >= floor)
         ctx.save_for_backward(unit, inverse)
         return unit
 
