@@ -153,7 +153,9 @@ def test_value_checks_are_opt_in_on_the_gpu_path():
         FastAPLoss(backend="cpu")(x, y)
     with pytest.raises(ValueError, match="embeddings contains 1 non-finite"):
         FastAPLoss(backend="gpu", check_values=True)(x, y)
-    FastAPLoss(backend="gpu")(x, y)  # no value read back: the trainer checks the loss
+    # No value read back: the NaN reaches the loss, which the trainer checks once per step.
+    assert torch.isnan(FastAPLoss(backend="gpu")(x, y))
+    assert torch.isnan(QuantizedAPLoss(backend="gpu")(x * float("inf"), y))
     good, _ = make_embeddings_and_labels(n=8, dim=4, num_classes=2)
     bad_pairs = (torch.tensor([0]), torch.tensor([9]), torch.tensor([0]), torch.tensor([1]))
     with pytest.raises(ValueError, match=r"indices_tuple\[1\] \(positives\) has index 9"):

@@ -18,7 +18,7 @@ kernel, values outside ``[0, L]`` saturating into the end bins with zero gradien
   extra memory is the chunk buffers alone, within the budget, at any N.
 * **Few operators.** The saturation columns are folded into the end bins, and the slope of
   each column taken, by one product with a small constant matrix each (see
-  :func:`_constants`); a chunk is five elementwise operators and two scatters (forward), or four
+  :func:`_constants`); a chunk is six elementwise operators and two scatters (forward), or five
   and one gather and two products (backward): about 35 dispatched operators per forward +
   backward at one chunk.
 
@@ -243,8 +243,11 @@ def _chunk_columns(queries, refs_t, categories, start, stop, shift, scale, num_i
     whole = start == 0 and stop == len(queries)
     u = torch.addmm(shift, queries if whole else queries[start:stop], refs_t, alpha=scale)
     u.clamp_(0.5, num_intervals + 1.5)
-    # Truncation is the floor here (u >= 0.5); no float copy of the columns is needed.
-    index = u.long()
+    # Truncation is the floor here (u >= 0.5); no float copy of the columns is needed. A NaN
+    # (from NaN embeddings, unchecked on this path) survives the clamp and converts to an
+    # arbitrary integer: clamping the integer keeps every index in range, and the NaN weight
+    # carries on into the histograms and the loss, where the caller sees it.
+    index = u.long().clamp_(0, num_intervals + 1)
     right = u.sub_(index) if frac else None
     index.add_(categories.rows(start, stop), alpha=num_intervals + 3)
     return right, index
