@@ -39,6 +39,12 @@ class QuantizedAPLoss(HistogramAPLoss):
         class_balanced: weight queries so each class counts equally.
         tie_aware: use mAP_T instead of mAP_Q.
         chunk_size: query rows per chunk (``None``: automatic).
+        backend: ``"cpu"``, ``"gpu"``, ``"triton"``, ``"auto"`` or ``None`` (the
+            ``use_backend`` context, else ``$PML_RANK_BACKEND``, else ``auto``: ``cpu`` on the
+            CPU, ``gpu`` elsewhere); see :doc:`/performance` (Backends).
+        check_values: read values back to check them (NaN/inf embeddings, index ranges):
+            ``None`` is on for the ``cpu`` backend, off for ``gpu`` / ``triton`` (one host sync
+            each per call).
         distance: must be PML's ``CosineSimilarity()`` (default).
     """
 
@@ -48,6 +54,8 @@ class QuantizedAPLoss(HistogramAPLoss):
         class_balanced: bool = False,
         tie_aware: bool = False,
         chunk_size: int | None = None,
+        backend: str | None = None,
+        check_values: bool | None = None,
         **kwargs,
     ):
         num_bins = check_int(num_bins, "num_bins", minimum=2, maximum=MAX_NUM_BINS)
@@ -55,7 +63,9 @@ class QuantizedAPLoss(HistogramAPLoss):
         self.num_intervals = num_bins - 1
         self.class_balanced = bool(class_balanced)
         self.tie_aware = bool(tie_aware)
-        super().__init__(chunk_size=chunk_size, **kwargs)
+        super().__init__(
+            chunk_size=chunk_size, backend=backend, check_values=check_values, **kwargs
+        )
         self.add_to_recordable_attributes(list_of_names=["num_bins"], is_stat=False)
 
     def get_default_distance(self):

@@ -51,7 +51,9 @@ def test_masked_ap_losses_equal_the_autograd_formula(tie_aware):
         # gradcheck away from empty bins (a finite difference there leaves the domain h >= 0).
         positive = (hist.detach() + 0.1).requires_grad_()
         assert torch.autograd.gradcheck(
-            lambda h: ap_losses.masked_ap_losses(h, num_pos, ranked, tie_aware, w, mean_over),
+            lambda h, w=w, m=mean_over: ap_losses.masked_ap_losses(
+                h, num_pos, ranked, tie_aware, w, m
+            ),
             (positive,),
         )
     assert ap_losses.masked_ap_losses(hist, num_pos, ranked, tie_aware)[~ranked].eq(0).all()
@@ -113,7 +115,9 @@ def test_balanced_query_weights_equal_the_cpu_rule():
     _, inverse, counts = torch.unique(chosen, return_inverse=True, return_counts=True)
     expected = len(chosen) / (len(counts) * counts[inverse].double())
     torch.testing.assert_close(ours, expected)
-    assert sync_free.balanced_query_weights(labels, torch.zeros(8, dtype=torch.bool)).isfinite().all()
+    assert (
+        sync_free.balanced_query_weights(labels, torch.zeros(8, dtype=torch.bool)).isfinite().all()
+    )
 
 
 def test_the_glue_does_not_sync():

@@ -113,9 +113,7 @@ def test_gpu_equals_cpu_in_a_memory_bank(name):
 def test_other_reducers_get_the_valid_queries_elements():
     x, y = make_embeddings_and_labels(n=16, dim=6, num_classes=4)
     y[3] = 50
-    assert_same(
-        "ap_q", lambda f: value_and_grads(f, (x,), x, y), (x,), reducer=SumReducer()
-    )
+    assert_same("ap_q", lambda f: value_and_grads(f, (x,), x, y), (x,), reducer=SumReducer())
 
 
 def test_keyword_context_and_variable_select_the_gpu_path(monkeypatch):

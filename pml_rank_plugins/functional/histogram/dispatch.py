@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .. import soft_histogram
-from ..backend import check_backend, resolve_backend
+from ..backend import resolve_backend
 from ..chunking import DenseCategories, LabelCategories
 from . import gpu, triton_kernel
 
@@ -47,9 +47,7 @@ def pair_histograms(
     Raises:
         ValueError: an unknown backend, or ``triton`` where the package cannot be imported.
     """
-    name = resolve_backend(
-        queries.device, None if backend is None else check_backend(backend, "backend")
-    )
+    name = resolve_backend(queries.device, backend)  # checks the name too
     if name == "cpu":
         return soft_histogram.pair_histograms(
             queries, refs, categories, offset, scale, num_intervals, chunk_size
