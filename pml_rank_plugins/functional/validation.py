@@ -140,7 +140,9 @@ _PAIR_NAMES = ("positive anchors", "positives", "negative anchors", "negatives")
 _TRIPLET_NAMES = ("anchors", "positives", "negatives")
 
 
-def validate_indices_tuple(indices_tuple, num_queries: int, num_refs: int) -> None:
+def validate_indices_tuple(
+    indices_tuple, num_queries: int, num_refs: int, check_values: bool = True
+) -> None:
     """Check a PML ``indices_tuple`` against ``num_queries`` query and ``num_refs`` reference rows.
 
     ``None`` passes. Otherwise it must be a tuple of 1-D integer tensors: pairs ``(a1, p, a2, n)``
@@ -149,7 +151,8 @@ def validate_indices_tuple(indices_tuple, num_queries: int, num_refs: int) -> No
     (``ref_emb``, the batch itself by default). Raises ``ValueError`` naming the element, e.g.
     ``indices_tuple[3] (negatives) has index 40 >= 32 reference rows``; without this check a
     negative index silently wraps around and a too-large one fails deep inside indexing.
-    O(total number of indices).
+    O(total number of indices). ``check_values=False`` (the ``gpu`` / ``triton`` backends' default)
+    skips the range check, the only one that reads index values back to the host.
     """
     if indices_tuple is None:
         return
@@ -173,7 +176,7 @@ def validate_indices_tuple(indices_tuple, num_queries: int, num_refs: int) -> No
             raise ValueError(f"{label} must hold integer indices, got dtype {idx.dtype}")
         if idx.ndim != 1:
             raise ValueError(f"{label} must be 1-D, got shape {tuple(idx.shape)}")
-        if len(idx) == 0:
+        if len(idx) == 0 or not check_values:
             continue
         limit, rows = (num_queries, "query") if k in anchors else (num_refs, "reference")
         low, high = int(idx.min()), int(idx.max())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pytorch_metric_learning.distances import LpDistance
 
+from ..functional.histogram.ap_losses import masked_ap_losses
 from ..functional.histogram_ap import histogram_ap
 from ..functional.validation import check_int
 from .histogram_ap_base import MAX_NUM_BINS, HistogramAPLoss
@@ -40,13 +41,28 @@ class FastAPLoss(HistogramAPLoss):
         num_bins: number of bin spacings ``L`` (1 to ``MAX_NUM_BINS`` = 4096); the default 10 is the
             paper's.
         chunk_size: query rows per chunk (``None``: automatic).
+        backend: ``"cpu"``, ``"gpu"``, ``"triton"``, ``"auto"`` or ``None`` (the
+            ``use_backend`` context, else ``$PML_RANK_BACKEND``, else ``auto``: ``cpu`` on the
+            CPU, ``gpu`` elsewhere); see :doc:`/performance` (Backends).
+        check_values: read values back to check them (NaN/inf embeddings, index ranges):
+            ``None`` is on for the ``cpu`` backend, off for ``gpu`` / ``triton`` (one host sync
+            each per call).
         distance: must be PML's ``LpDistance(p=2, power=2, normalize_embeddings=True)`` (default).
     """
 
-    def __init__(self, num_bins: int = 10, chunk_size: int | None = None, **kwargs):
+    def __init__(
+        self,
+        num_bins: int = 10,
+        chunk_size: int | None = None,
+        backend: str | None = None,
+        check_values: bool | None = None,
+        **kwargs,
+    ):
         num_bins = check_int(num_bins, "num_bins", minimum=1, maximum=MAX_NUM_BINS)
         self.num_bins = self.num_intervals = num_bins
-        super().__init__(chunk_size=chunk_size, **kwargs)
+        super().__init__(
+            chunk_size=chunk_size, backend=backend, check_values=check_values, **kwargs
+        )
         self.add_to_recordable_attributes(list_of_names=["num_bins"], is_stat=False)
 
     def get_default_distance(self):
@@ -68,3 +84,6 @@ class FastAPLoss(HistogramAPLoss):
 
     def _average_precision(self, h_pos, h_neg, num_pos):
         return histogram_ap(h_pos, h_neg, num_pos)
+
+    def _masked_losses(self, hist, num_pos, ranked, weights=None, mean_over=None):
+        return masked_ap_losses(hist, num_pos, ranked, False, weights, mean_over)

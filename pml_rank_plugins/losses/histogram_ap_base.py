@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 
+from ..functional.backend import check_backend, checks_values, resolve_backend
 from ..functional.chunk_threads import glue_elements, one_thread_apply, one_torch_thread
 from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
 from ..functional.validation import (
@@ -13,6 +14,7 @@ from ..functional.validation import (
     validate_indices_tuple,
 )
 from ..utils.loss_and_miner_utils import check_loss_labels, pair_masks
+from .histogram_ap_sync_free import sync_free_loss
 from .self_index import SelfIndexForward
 
 # Upper bound on num_bins: the histograms take (N, 2, num_bins + 1) floats, and published settings
@@ -54,6 +56,13 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     (as PML's losses return it). ``chunk_size`` bounds memory (query rows per chunk; default:
     256K scores or 128 rows, whichever is more, up to 4M scores).
 
+    Backends (``backend=`` keyword, ``use_backend`` context, ``$PML_RANK_BACKEND``; see
+    :mod:`pml_rank_plugins.functional.backend`): ``cpu`` runs :meth:`_compute_loss` with the
+    CPU kernel; ``gpu`` / ``triton`` run :func:`~.histogram_ap_sync_free.sync_free_loss` (no host
+    sync: every query through the kernel, masked; ``num_valid_queries`` /
+    ``num_skipped_queries`` are then 0-dim tensors; value checks only with
+    ``check_values=True``). Both disable ``torch.autocast`` and compute in float32.
+
     float16 gradient range: the gradient is computed in float32 and cast back, so with float16
     embeddings an entry above 65504 becomes ``inf`` (never NaN; the loss stays finite), which
     ``torch.amp.GradScaler`` handles. Entries grow roughly like ``num_bins / (N ||x||)``:
@@ -66,9 +75,19 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     step and halves the scale (measured; PML's float16 ``FastAPLoss`` does the same).
     """
 
-    def __init__(self, chunk_size: int | None = None, **kwargs):
+    def __init__(
+        self,
+        chunk_size: int | None = None,
+        backend: str | None = None,
+        check_values: bool | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.chunk_size = None if chunk_size is None else check_int(chunk_size, "chunk_size", 1)
+        self.backend = None if backend is None else check_backend(backend, "backend")
+        if check_values is not None and not isinstance(check_values, bool):
+            raise ValueError(f"check_values must be None, True or False, got {check_values!r}")
+        self.check_values = check_values
         self._check_distance()
         self.add_to_recordable_attributes(
             list_of_names=["num_valid_queries", "num_skipped_queries"], is_stat=True
@@ -87,6 +106,21 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
         raise NotImplementedError
 
     def _query_weights(self, labels: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def _masked_losses(self, hist, num_pos, ranked, weights=None, mean_over=None):
+        """``(N,)`` ``where(ranked, weights (1 - AP), 0)`` of all queries, or with ``mean_over``
+        (a 0-dim count) their sum over ``max(mean_over, 1)`` (the ``gpu`` / ``triton`` path).
+        This default differentiates ``_average_precision`` with autograd; FastAP and mAP_Q / T
+        override it with the closed-form backward of ``functional.histogram.ap_losses``."""
+        ap = self._average_precision(hist[:, 0], hist[:, 1], num_pos.to(hist.dtype))
+        losses = torch.where(ranked, 1 - ap, 0)
+        losses = losses if weights is None else losses * weights.to(losses.dtype)
+        return losses if mean_over is None else losses.sum() / mean_over.clamp_min(1)
+
+    def _masked_query_weights(self, labels: torch.Tensor, valid: torch.Tensor):
+        """``(N,)`` weights of all queries given the ``valid`` mask, without a host sync (the
+        ``gpu`` / ``triton`` path); ``None``: unweighted."""
         return None
 
     # -- PML --------------------------------------------------------------------------------------
@@ -116,12 +150,30 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
         return loss
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
-        # The glue around the kernel on one torch thread (see chunk_threads.one_torch_thread).
-        glue = glue_elements(embeddings, ref_emb, dense_pairs=indices_tuple is not None)
-        with one_torch_thread(embeddings.device, glue):
-            return self._compute_loss(
-                embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index
-            )
+        device = embeddings.device
+        backend = resolve_backend(device, self.backend)
+        # Under torch.autocast the products would run in bfloat16/float16: everything here is
+        # computed in float32 (or the embeddings' float64) instead.
+        with torch.autocast(device.type, enabled=False):
+            if backend != "cpu":
+                check = checks_values(backend, self.check_values)
+                return sync_free_loss(
+                    self,
+                    embeddings,
+                    labels,
+                    indices_tuple,
+                    ref_emb,
+                    ref_labels,
+                    self_index,
+                    backend,
+                    check,
+                )
+            # The glue around the kernel on one torch thread (chunk_threads.one_torch_thread).
+            glue = glue_elements(embeddings, ref_emb, dense_pairs=indices_tuple is not None)
+            with one_torch_thread(device, glue):
+                return self._compute_loss(
+                    embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index
+                )
 
     def _compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index):
         check_loss_labels(labels, ref_labels)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.distances import CosineSimilarity
 
+from ..functional.histogram.ap_losses import masked_ap_losses
+from ..functional.histogram.sync_free import balanced_query_weights
 from ..functional.histogram_ap import histogram_ap, tie_aware_histogram_ap
 from ..functional.validation import check_int
 from .histogram_ap_base import MAX_NUM_BINS, HistogramAPLoss
@@ -37,6 +39,12 @@ class QuantizedAPLoss(HistogramAPLoss):
         class_balanced: weight queries so each class counts equally.
         tie_aware: use mAP_T instead of mAP_Q.
         chunk_size: query rows per chunk (``None``: automatic).
+        backend: ``"cpu"``, ``"gpu"``, ``"triton"``, ``"auto"`` or ``None`` (the
+            ``use_backend`` context, else ``$PML_RANK_BACKEND``, else ``auto``: ``cpu`` on the
+            CPU, ``gpu`` elsewhere); see :doc:`/performance` (Backends).
+        check_values: read values back to check them (NaN/inf embeddings, index ranges):
+            ``None`` is on for the ``cpu`` backend, off for ``gpu`` / ``triton`` (one host sync
+            each per call).
         distance: must be PML's ``CosineSimilarity()`` (default).
     """
 
@@ -46,6 +54,8 @@ class QuantizedAPLoss(HistogramAPLoss):
         class_balanced: bool = False,
         tie_aware: bool = False,
         chunk_size: int | None = None,
+        backend: str | None = None,
+        check_values: bool | None = None,
         **kwargs,
     ):
         num_bins = check_int(num_bins, "num_bins", minimum=2, maximum=MAX_NUM_BINS)
@@ -53,7 +63,9 @@ class QuantizedAPLoss(HistogramAPLoss):
         self.num_intervals = num_bins - 1
         self.class_balanced = bool(class_balanced)
         self.tie_aware = bool(tie_aware)
-        super().__init__(chunk_size=chunk_size, **kwargs)
+        super().__init__(
+            chunk_size=chunk_size, backend=backend, check_values=check_values, **kwargs
+        )
         self.add_to_recordable_attributes(list_of_names=["num_bins"], is_stat=False)
 
     def get_default_distance(self):
@@ -76,8 +88,16 @@ class QuantizedAPLoss(HistogramAPLoss):
             return tie_aware_histogram_ap(h_pos, h_neg, num_pos)
         return histogram_ap(h_pos, h_neg, num_pos)
 
+    def _masked_losses(self, hist, num_pos, ranked, weights=None, mean_over=None):
+        return masked_ap_losses(hist, num_pos, ranked, self.tie_aware, weights, mean_over)
+
     def _query_weights(self, labels: torch.Tensor) -> torch.Tensor | None:
         if not self.class_balanced:
             return None
         _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
         return len(labels) / (len(counts) * counts[inverse].double())
+
+    def _masked_query_weights(self, labels: torch.Tensor, valid: torch.Tensor):
+        if not self.class_balanced:
+            return None
+        return balanced_query_weights(labels, valid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pytorch_metric_learning.utils import common_functions as c_f
 
+from ..functional.backend import checks_values, resolve_backend
 from ..functional.validation import check_labels
 from ..utils.loss_and_miner_utils import check_self_index
 
@@ -66,7 +67,11 @@ class SelfIndexForward:
         c_f.check_shapes(embeddings, labels)
         labels = c_f.to_device(labels, embeddings)
         ref_emb, ref_labels = c_f.set_ref_emb(embeddings, labels, ref_emb, ref_labels)
-        self_index = check_self_index(self_index, labels, ref_labels, indices_tuple)
+        # The entries' range and labels are read back only where the backend checks values
+        # (the cpu backend, or check_values=True on the loss): see backend.checks_values.
+        backend = resolve_backend(embeddings.device, getattr(self, "backend", None))
+        check_values = checks_values(backend, getattr(self, "check_values", None))
+        self_index = check_self_index(self_index, labels, ref_labels, indices_tuple, check_values)
         loss_dict = self.compute_loss(
             embeddings, labels, None, ref_emb, ref_labels, self_index=self_index
         )

@@ -1,0 +1,146 @@
+"""The glue of the histogram-AP losses without a host sync (the ``gpu`` / ``triton`` backends).
+
+Each function gives the values of its CPU-path counterpart without reading a tensor value on the
+host: every output shape is known before the data exist, so a GPU never waits for the CPU.
+
+* :func:`normalize_rows_sync_free`: ``validation.normalize_rows`` (F.normalize's values,
+  overflow-safe, zero gradient for rows below ``eps``) without its two data-dependent branches.
+* :func:`prepare_unit_embeddings`: ``validation.prepare_embeddings(..., normalize=True)`` whose
+  finiteness check runs only when asked (``check_values``).
+* :func:`label_counts`: positives / negatives per query from the labels by sorting and binary
+  search instead of ``torch.unique``.
+* :func:`mined_categories`: the ``(N, M)`` int8 categories of a miner's pairs.
+* :func:`balanced_query_weights`: the class-balanced query weights over the valid queries, by
+  sorting instead of ``torch.unique``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..chunking import IGNORED, NEGATIVE, POSITIVE
+from ..validation import (
+    NORMALIZE_EPS,
+    check_embedding_shape,
+    check_finite,
+    compute_dtype,
+)
+
+
+class _UnitRows(torch.autograd.Function):
+    """``normalize_rows`` without a host sync, its gradient written out (see
+    :func:`normalize_rows_sync_free`)."""
+
+    @staticmethod
+    def forward(ctx, x, eps):
+        max_abs = x.abs().amax(dim=1, keepdim=True)
+        # 2^-e, e the exponent of the row's max-abs (rows below 1 stay unscaled, as on the CPU
+        # path; 2^-e of a subnormal would overflow).
+        exponent = torch.frexp(max_abs).exponent.clamp_min_(0).neg_()
+        scale = torch.ldexp(torch.ones_like(max_abs), exponent)
+        scaled = x * scale
+        norm = torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
+        # ||x|| = norm / scale; below eps the value is F.normalize's x / eps = scaled / (scale eps)
+        # (a zero row gives 0), a constant.
+        floor = scale * eps
+        denominator = torch.maximum(norm, floor)
+        unit = scaled / denominator
+        # d unit / d x = (I - u u^T) / ||x|| = (I - u u^T) scale / norm; zero for the tiny rows
+        # (the denominator keeps 0 / 0 out of a zero row).
+        inverse = (scale / denominator).mul_(norm >= floor)
+        ctx.save_for_backward(unit, inverse)
+        return unit
+
+    @staticmethod
+    def backward(ctx, grad):
+        unit, inverse = ctx.saved_tensors
+        along = (unit * grad).sum(1, keepdim=True)
+        return torch.addcmul(grad, unit, along, value=-1).mul_(inverse), None
+
+
+def normalize_rows_sync_free(x: torch.Tensor, eps: float = NORMALIZE_EPS) -> torch.Tensor:
+    """``(N, D)`` unit rows: the values and gradient of ``validation.normalize_rows``, without
+    a host sync. Every row with a max-abs of 1 or more is scaled by ``2^-e`` (``e`` the exponent
+    of its max-abs; exact, and neither the direction nor the gradient changes), so huge rows do
+    not overflow; rows with ``||x|| < eps`` get ``x / eps`` (F.normalize's value) as a constant:
+    zero gradient. The gradient ``(g - u (u . g)) / ||x||`` is written out (about 20 dispatched
+    operators forward + backward instead of 35). O(N D). Not twice differentiable."""
+    return _UnitRows.apply(x, eps)
+
+
+def prepare_unit_embeddings(
+    embeddings: torch.Tensor, ref_emb: torch.Tensor, check_values: bool
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``(queries, refs, is_self)`` as ``validation.prepare_embeddings(..., normalize=True)``:
+    shapes checked (2-D floating, same width), cast to the compute dtype (float16/bfloat16 to
+    float32), rows L2-normalized with :func:`normalize_rows_sync_free`. The NaN/inf check reads
+    the values, so it runs only with ``check_values``."""
+    is_self = ref_emb is embeddings
+    check_embedding_shape(embeddings, "embeddings")
+    if not is_self:
+        check_embedding_shape(ref_emb, "ref_emb", width=embeddings.shape[1])
+        if ref_emb.device != embeddings.device:
+            raise ValueError(
+                f"ref_emb is on {ref_emb.device}, embeddings on {embeddings.device}: "
+                "move both to one device"
+            )
+    if check_values:
+        check_finite(embeddings, "embeddings")
+        if not is_self:
+            check_finite(ref_emb, "ref_emb")
+    dtype = compute_dtype(embeddings.dtype)
+    queries = normalize_rows_sync_free(embeddings.to(dtype))
+    refs = queries if is_self else normalize_rows_sync_free(ref_emb.to(dtype))
+    return queries, refs, is_self
+
+
+def label_counts(
+    labels: torch.Tensor, ref_labels: torch.Tensor, exclude_own: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(num_pos, valid, ranked)``, ``(N,)``: the reference items with the query's label (minus
+    one when ``exclude_own``: the query's own column, which carries its label), whether there is
+    one (``valid``), and whether there is also one with another label (``ranked``). Sort + two
+    binary searches: O((N + M) log M), nothing of size N x M."""
+    if labels.dtype != ref_labels.dtype:
+        dtype = torch.promote_types(labels.dtype, ref_labels.dtype)
+        labels, ref_labels = labels.to(dtype), ref_labels.to(dtype)
+    ordered = torch.sort(ref_labels).values
+    same = torch.searchsorted(ordered, labels, right=True) - torch.searchsorted(ordered, labels)
+    num_pos = same - 1 if exclude_own else same
+    valid = num_pos > 0
+    return num_pos, valid, valid & (same < len(ref_labels))
+
+
+def mined_categories(
+    pairs: tuple[torch.Tensor, ...], num_queries: int, num_refs: int, exclude_diagonal: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(categories, num_pos, num_neg)`` of mined pairs ``(a1, p, a2, n)``: an ``(N, M)`` int8
+    tensor (0 at the mined positives, 1 at the mined negatives, 2 elsewhere and, with
+    ``exclude_diagonal``, on the diagonal) and per-query counts. Duplicated pairs count once.
+    A pair mined both ways is an error on the CPU path (``pair_categories``); here, without
+    reading values, it counts as a positive (``check_values=True`` on the loss makes it the
+    error). O(N M) bytes."""
+    a1, p, a2, n = pairs
+    device = a1.device
+    categories = torch.full((num_queries, num_refs), IGNORED, dtype=torch.int8, device=device)
+    categories[a2, n] = NEGATIVE
+    categories[a1, p] = POSITIVE
+    if exclude_diagonal:
+        categories.fill_diagonal_(IGNORED)
+    return categories, (categories == POSITIVE).sum(1), (categories == NEGATIVE).sum(1)
+
+
+def balanced_query_weights(labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``(N,)`` class-balanced weights ``w_i = V / (K V_c(i))`` over the ``valid`` queries
+    (``V`` valid queries, ``K`` classes among them, ``V_c`` the valid queries of class ``c``);
+    weights of invalid queries are finite and meaningless (the caller masks them). Weights over
+    the valid queries average 1. Sort + cumulative count + binary search: O(N log N)."""
+    ordered, order = torch.sort(labels)
+    valid_count = torch.cumsum(valid[order].to(torch.int64), 0)
+    valid_count = torch.cat([valid_count.new_zeros(1), valid_count])
+    first = torch.searchsorted(ordered, labels)
+    last = torch.searchsorted(ordered, labels, right=True)
+    per_class = (valid_count[last] - valid_count[first]).double()
+    valid_f = valid.double()
+    classes = (valid_f / per_class.clamp_min(1)).sum()
+    return valid_f.sum() / (classes.clamp_min(1) * per_class.clamp_min(1))
