@@ -29,7 +29,6 @@ from _measure import (
     machine_load,
     measure_cases,
     print_failures,
-    print_header,
     print_row,
     ratio,
     resolve_device,
@@ -39,6 +38,14 @@ from _measure import (
 
 COUNT_COLUMNS = {"cuda": ["kernels", "syncs", "DtoH"], "cpu": ["aten ops", "sync ops"]}
 COUNT_KEYS = {"cuda": ["kernels", "syncs", "dtoh"], "cpu": ["aten_ops", "sync_ops"]}
+
+
+def print_table_header(columns: list[str], text_columns: set[int]) -> None:
+    """A Markdown table header: the columns at ``text_columns`` (0-based) left-aligned, the
+    others right-aligned."""
+    print("| " + " | ".join(columns) + " |")
+    rules = ["---" if i in text_columns else "---:" for i in range(len(columns))]
+    print("| " + " | ".join(rules) + " |")
 
 
 def milliseconds(result: dict | None) -> str:
@@ -150,7 +157,7 @@ def report_backends(script: str, args: argparse.Namespace, title: str, spec: dic
             peak = PEAK_NAMES[device] if not args.in_process or device == "cuda" else "not measured"
             print(f"{title.format(where=where, peak=peak)}; {LOAD_NAMES[args.load]}")
             print(f"before: {machine_load()}")
-            print_header(columns, text_first=False)
+            print_table_header(columns, text_columns={1, 2})
             codes = [DEVICES.index(device), AUTOCAST.index(autocast)]
             for n in args.sizes:
                 cases, skipped = plan_size(n, args, device, spec)

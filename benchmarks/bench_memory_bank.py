@@ -40,7 +40,13 @@ from __future__ import annotations
 import time
 
 import torch
-from _backend_report import COUNT_COLUMNS, count_cells, milliseconds, peak_mib
+from _backend_report import (
+    COUNT_COLUMNS,
+    count_cells,
+    milliseconds,
+    peak_mib,
+    print_table_header,
+)
 from _backends import add_backend_flags, backend_context, check_deadline, split_case
 from _measure import (
     AUTOCAST,
@@ -246,7 +252,7 @@ def report_backends(args, device: str, numbers: list[int]) -> dict:
     best = measure_cases(__file__, backend_cases(args.backends), numbers, args)
     pairs = args.batch * args.memory
     columns = ["case", "backend", "ms / step", "vs floor", "vs ref", "peak MiB", "peak vs ref"]
-    print_header(columns + ["bytes / pair", *COUNT_COLUMNS[device]])
+    print_table_header(columns + ["bytes / pair", *COUNT_COLUMNS[device]], text_columns={0, 1})
     for case, r in best.items():
         name, backend = split_case(case)
         ref = None
