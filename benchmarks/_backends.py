@@ -165,7 +165,7 @@ def backend_context(backend: str | None) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if backend is None else use_backend(backend)
 
 
-# -- one call, timed --------------------------------------------------------------------------------
+# -- one call, timed ------------------------------------------------------------------------------
 def call_seconds(step: Callable[[], object], cuda: bool) -> float:
     """Wall time of one ``step()`` (on CUDA until the device has finished)."""
     start = time.perf_counter()

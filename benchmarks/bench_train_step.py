@@ -4,8 +4,9 @@ A torchvision ResNet (``--arch resnet50``, random weights: ``weights=None``) who
 embedding head ``Linear(features, --embedding-dim)``, on synthetic images (``--batch`` random
 ``3 x --image-size x --image-size`` tensors made once on the device, labels 4 per class), trained
 with Adam. One step = ``zero_grad``, the trunk's forward under ``torch.autocast(--autocast)``
-(``auto``: bfloat16 on CUDA, as users train on GPUs; float32 on the CPU), the loss, ``backward``, ``optimizer.step()``. The
-same model serves every case (its weights drift; the time does not depend on them). Cases:
+(``auto``: bfloat16 on CUDA, as users train on GPUs; float32 on the CPU), the loss,
+``backward``, ``optimizer.step()``. The same model serves every case (its weights drift; the
+time does not depend on them). Cases:
 
 * ``fastap`` / ``rll`` -- ``pml_rank_plugins.losses.FastAPLoss(num_bins=10)`` /
   ``RankedListLoss(margin=0.4, alpha=1.2, Tn=10)``, under each backend of ``--backends``

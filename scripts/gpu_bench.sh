@@ -78,7 +78,8 @@ for name in ("triton", "pytorch_metric_learning", "torchvision", "numpy"):
     except Exception as e:  # noqa: BLE001
         print(f"{name}: not importable ({type(e).__name__}: {e})")
 EOF
-    command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    command -v nvidia-smi > /dev/null \
+        && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 
