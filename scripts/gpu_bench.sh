@@ -40,13 +40,15 @@ if [ -d .device-wheels ] && compgen -G ".device-wheels/*.whl" > /dev/null; then
 fi
 
 if [ "$tiny" = 1 ]; then
-    device=cpu backends=cpu,gpu sizes=32,64 big="" pml_max=32 cpu_max=64 n_ops=64
+    device=cpu backends=cpu,gpu bank_backends=gpu,cpu sizes=32,64 big="" pml_max=32 cpu_max=64
+    n_ops=64
     memory=(--memory 64 --batch 8 --dim 8)
     timing=(--warmup 0 --repeats 1 --rounds 1)
     train=(--arch resnet18 --image-size 16 --batch 8 --steps 1 --warmup 0)
     limit() { echo 120; }
 else
-    device=cuda backends=cpu,gpu,triton sizes=256,1024,4096,16384 big=65536 pml_max=16384
+    device=cuda backends=cpu,gpu,triton bank_backends=gpu,triton,cpu
+    sizes=256,1024,4096,16384 big=65536 pml_max=16384
     cpu_max=16384 n_ops=4096
     memory=(--memory 65536 --batch 256 --dim 128)
     timing=(--warmup 2 --repeats 20 --rounds 1)
@@ -78,8 +80,10 @@ for name in ("triton", "pytorch_metric_learning", "torchvision", "numpy"):
     except Exception as e:  # noqa: BLE001
         print(f"{name}: not importable ({type(e).__name__}: {e})")
 EOF
-    command -v nvidia-smi > /dev/null \
-        && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    if command -v nvidia-smi > /dev/null; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+        nvidia-smi | grep -m1 "CUDA Version" || true  # the driver's CUDA version
+    fi
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 
@@ -100,14 +104,16 @@ common=(--device "$device" --in-process --time-guard 5 "${timing[@]}" --backends
 pairwise=(--sizes "$sizes" $big --pml-max "$pml_max" --cpu-backend-max "$cpu_max")
 
 : > "$out/bench.md"
-run "$(limit 90)" "op counts (CPU proxy, here on $device)" benchmarks/op_counts.py \
+run "$(limit 60)" "op counts (CPU proxy, here on $device)" benchmarks/op_counts.py \
     --device "$device" --n "$n_ops" --backends "$backends" --json "$parts/op_counts.json"
 run "$(limit 110)" "FastAP / mAP_Q" benchmarks/bench_histogram_ap.py "${pairwise[@]}" \
     "${common[@]}" --budget-s 80 --json "$parts/bench_histogram_ap.json"
 run "$(limit 75)" "RankedList" benchmarks/bench_ranked_list.py "${pairwise[@]}" \
     "${common[@]}" --budget-s 45 --json "$parts/bench_ranked_list.json"
+# the memory bank's cases run backend by backend: gpu and triton first, so that the budget, if
+# it runs out, cuts the cpu backend's rows
 run "$(limit 60)" "memory bank" benchmarks/bench_memory_bank.py "${memory[@]}" \
-    "${common[@]}" --budget-s 30 --json "$parts/bench_memory_bank.json"
+    "${common[@]}" --backends "$bank_backends" --budget-s 35 --json "$parts/bench_memory_bank.json"
 
 echo "== training step (limit $(limit 110) s)"
 timeout --signal=INT --kill-after=15 "$(limit 110)" "$python" benchmarks/bench_train_step.py \
