@@ -501,7 +501,8 @@ def time_backward_cuda(x: torch.Tensor, compute, warmup: int, repeats: int) -> d
     """:func:`time_backward` on a GPU: ``"time"`` is the median of the timed calls, each
     measured with CUDA events and followed by ``torch.cuda.synchronize`` (so one call's host work
     never overlaps the next call's kernels), ``"best"`` the fastest; the timed calls stop once
-    they add up to about 1.5 s (:func:`_backends.adaptive_repeats`, at least 3). The peak is
+    they add up to about 1.5 s at the last warm-up call's speed (:func:`_backends.
+    adaptive_repeats`, at least 3; that call is timed, or one more is made). The peak is
     the growth of ``torch.cuda.max_memory_allocated`` over the memory allocated before the first
     call, warm-up included (``"peak_kind": "cuda"``). ``--time-guard`` and counting (kernels,
     host syncs, device-to-host copies: :func:`_backends.count_cuda`) as in
@@ -514,13 +515,11 @@ def time_backward_cuda(x: torch.Tensor, compute, warmup: int, repeats: int) -> d
     options = settings()
     with cuda_peak(x.device) as memory:
         first = guarded_first_calls(step, True, options["guard_s"])
-        for _ in range(max(0, warmup - len(first))):
+        for _ in range(max(0, warmup - len(first)) - 1):
             step()
-        torch.cuda.synchronize(x.device)
-        if not first:
-            first = [call_seconds_cuda(step)]
+        probe = call_seconds_cuda(step)  # the last warm-up call (compiles done), timed
         times = []
-        for _ in range(adaptive_repeats(repeats, first[-1])):
+        for _ in range(adaptive_repeats(repeats, probe)):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             step()
@@ -531,7 +530,7 @@ def time_backward_cuda(x: torch.Tensor, compute, warmup: int, repeats: int) -> d
         "time": statistics.median(times),
         "best": min(times),
         "repeats": len(times),
-        "first_call_s": first[0],
+        "first_call_s": first[0] if first else probe,
         "peak": memory["peak"],
         "peak_kind": "cuda",
     }

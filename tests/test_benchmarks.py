@@ -28,6 +28,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -554,6 +555,13 @@ def test_profile_classification_counts_kernels_syncs_inside_the_call_and_dtoh_co
         "copies": 2,
         "sync_calls": {"cudaStreamSynchronize": 1},
     }
+    # the attributes read exist on a real trace's events (a CPU-only trace: nothing on a device)
+    x = torch.ones(8, 8)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function(MARKER):
+            (x @ x).sum()
+    assert any(e.name == MARKER for e in prof.events())
+    assert classify_profile(prof.events())["kernels"] == 0
 
 
 def test_count_ops_flags_a_syncing_operator():
