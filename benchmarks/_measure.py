@@ -39,15 +39,32 @@ import json
 import os
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
 import torch
+from _backends import (
+    CaseSkipped,
+    adaptive_repeats,
+    add_backend_flags,
+    apply_settings,
+    backend_context,
+    check_deadline,
+    count_call,
+    cuda_peak,
+    flatten,
+    guarded_first_calls,
+    int_list,
+    settings,
+    split_case,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -118,21 +135,36 @@ def best_over_rounds(measure: Callable[[str], dict], cases: list[str], rounds: i
 
     On a shared or virtualized machine one subprocess can be slowed by unrelated load;
     interleaving exposes all cases to the same conditions and the best time discards the noise.
-    A result with an ``"error"`` (in-process runs only) is kept only when no round succeeded.
+    A result with an ``"error"`` (in-process runs only) or ``"skipped"`` (a case not measured on
+    purpose, :class:`_backends.CaseSkipped`) is kept only when no round succeeded.
     """
     best: dict[str, dict] = {}
     for _ in range(rounds):
         for case in cases:
             result = measure(case)
             prior = best.get(case)
-            if prior is not None and "error" not in prior:
-                if "error" in result:
+            if prior is not None and not failed(prior):
+                if failed(result):
                     continue
                 result["time"] = min(result["time"], prior["time"])
                 if result["peak"] is not None and prior["peak"] is not None:
                     result["peak"] = max(result["peak"], prior["peak"])
             best[case] = result
     return best
+
+
+def failed(result: dict) -> bool:
+    """Whether ``result`` holds no measurement (an ``"error"`` or a ``"skipped"`` case)."""
+    return "error" in result or "skipped" in result
+
+
+def run_case_safely(run_case: Callable[..., dict], case: str, numbers: Sequence) -> dict:
+    """``run_case(case, *numbers)``, or ``{"time": None, "peak": None, "skipped": reason}`` when
+    the case raised :class:`_backends.CaseSkipped` (time guard, time budget)."""
+    try:
+        return run_case(case, *numbers)
+    except CaseSkipped as skipped:
+        return {"time": None, "peak": None, "skipped": str(skipped)}
 
 
 # -- command line -------------------------------------------------------------------------------
@@ -179,18 +211,27 @@ SMOKE_NOTE = (
 
 def add_pairwise_flags(parser: argparse.ArgumentParser, sizes: list[int]) -> None:
     """The flags of an "ours vs PML vs floor at each N" script: ``--sizes``, ``--dim``, the
-    timing flags, ``--pml-max``, the load flags and the device flags (CPU by default).
+    timing flags, ``--pml-max``, the load flags, the device flags (CPU by default) and the
+    backend flags (``--backends``, ``--time-guard``, ``--budget-s``, ``--cpu-backend-max``:
+    ``_backends.add_backend_flags``).
 
     Args:
         parser: the script's parser.
         sizes: default of ``--sizes``.
     """
-    parser.add_argument("--sizes", type=int, nargs="+", default=sizes)
+    parser.add_argument(
+        "--sizes",
+        type=int_list,
+        nargs="+",
+        default=sizes,
+        help="N values, separated by spaces or commas (256,1024,4096)",
+    )
     parser.add_argument("--dim", type=int, default=128)
     add_timing_flags(parser)
     parser.add_argument("--pml-max", type=int, default=4096)
     add_load_flags(parser)
     add_device_flags(parser, default_device="cpu")
+    add_backend_flags(parser)
 
 
 DEVICES = ("cpu", "cuda")
@@ -320,11 +361,14 @@ def bench_main(
         report: measures every case through subprocesses and prints the table.
     """
     args = parser.parse_args()
+    if isinstance(getattr(args, "sizes", None), list):
+        args.sizes = flatten(args.sizes)  # --sizes 256,1024 4096
     args.run_case = run_case  # for --in-process and --smoke (measure_in_child)
     if args.child:
         case, *numbers = args.child
-        print(json.dumps(run_case(case, *map(int, numbers))))
+        print(json.dumps(run_case_safely(run_case, case, list(map(int, numbers)))))
         return
+    apply_settings(args)  # --time-guard, --budget-s, counting: read by every case
     if args.smoke:
         args.warmup, args.repeats, args.rounds = 0, 1, 1
         print(SMOKE_NOTE, flush=True)
@@ -379,19 +423,21 @@ def collect_garbage() -> None:
 def measure_in_process(run_case: Callable[..., dict], case: str, numbers: Sequence[int]) -> dict:
     """``run_case(case, *numbers)`` in this process: ``{"time", "peak"}``, the peak ``None`` unless
     it is a CUDA peak (an RSS peak is the process's, not the case's), or ``{"time": None, "peak":
-    None, "error": "..."}`` when the case raised (CUDA out of memory: ``"out of memory"``)."""
-    error = None
+    None, "error": "...", "traceback": "..."}`` when the case raised (CUDA out of memory: ``"out
+    of memory"``), or a ``"skipped"`` result (:func:`run_case_safely`)."""
+    error = trace = None
     try:
-        result = run_case(case, *numbers)
+        result = run_case_safely(run_case, case, numbers)
     except torch.cuda.OutOfMemoryError:
         error = "out of memory"
     except Exception as e:  # noqa: BLE001 -- recorded in the table/JSON, the next case runs
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        trace = traceback.format_exc()
     collect_garbage()  # the failed case's tensors (held by the traceback) before the next case
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     if error is not None:
-        return {"time": None, "peak": None, "error": error}
+        return {"time": None, "peak": None, "error": error, "traceback": trace}
     if result.pop("peak_kind", "rss") != "cuda":
         result["peak"] = None
     return result
@@ -402,7 +448,7 @@ def measure_smoke(run_case: Callable[..., dict], case: str, numbers: Sequence[in
     a CPU peak is the case's own; an exception propagates (a smoke run fails on a broken case)."""
     collect_garbage()  # the previous case's tensors, before the peak is reset
     reset_peak_rss()
-    result = run_case(case, *numbers)
+    result = run_case_safely(run_case, case, numbers)
     result.pop("peak_kind", None)
     return result
 
@@ -430,7 +476,12 @@ def measure_sizes(
 # -- inside a child -------------------------------------------------------------------------------
 def time_backward(x: torch.Tensor, compute: Callable[[], torch.Tensor], warmup: int, repeats: int):
     """:func:`time_calls` of ``compute().backward()``, clearing ``x.grad`` before each call; on a
-    CUDA ``x``, :func:`time_backward_cuda`."""
+    CUDA ``x``, :func:`time_backward_cuda`.
+
+    With ``--time-guard`` (:func:`_backends.settings`) the first call is timed alone and the case
+    skipped (:class:`_backends.CaseSkipped`) when it, and a second try, take longer; with
+    counting on (``--backends``) one more call is counted (:func:`_backends.count_call`: aten
+    operators and syncing ones on the CPU) and the counts join the result."""
     if x.is_cuda:
         return time_backward_cuda(x, compute, warmup, repeats)
 
@@ -438,27 +489,62 @@ def time_backward(x: torch.Tensor, compute: Callable[[], torch.Tensor], warmup: 
         x.grad = None
         compute().backward()
 
-    return time_calls(step, warmup, repeats)
+    options = settings()
+    first = guarded_first_calls(step, False, options["guard_s"])
+    result = time_calls(step, max(0, warmup - len(first)), repeats)
+    if options["count"]:
+        result.update(count_call(step, cuda=False))
+    return result
 
 
 def time_backward_cuda(x: torch.Tensor, compute, warmup: int, repeats: int) -> dict:
-    """:func:`time_backward` on a GPU: each step waits for the GPU before the clock stops
-    (kernels run asynchronously), and the peak is the growth of ``torch.cuda.
-    max_memory_allocated`` over the memory allocated before the first step (``"peak_kind":
-    "cuda"``)."""
+    """:func:`time_backward` on a GPU: ``"time"`` is the median of the timed calls, each
+    measured with CUDA events and followed by ``torch.cuda.synchronize`` (so one call's host work
+    never overlaps the next call's kernels), ``"best"`` the fastest; the timed calls stop once
+    they add up to about 1.5 s at the last warm-up call's speed (:func:`_backends.
+    adaptive_repeats`, at least 3; that call is timed, or one more is made). The peak is
+    the growth of ``torch.cuda.max_memory_allocated`` over the memory allocated before the first
+    call, warm-up included (``"peak_kind": "cuda"``). ``--time-guard`` and counting (kernels,
+    host syncs, device-to-host copies: :func:`_backends.count_cuda`) as in
+    :func:`time_backward`; ``"first_call_s"`` is the first call's time (compiles included)."""
 
     def step():
         x.grad = None
         compute().backward()
-        torch.cuda.synchronize(x.device)
 
-    torch.cuda.synchronize(x.device)
-    torch.cuda.reset_peak_memory_stats(x.device)
-    baseline = torch.cuda.memory_allocated(x.device)
-    result = time_calls(step, warmup, repeats)
-    result["peak"] = max(0, torch.cuda.max_memory_allocated(x.device) - baseline)
-    result["peak_kind"] = "cuda"
+    options = settings()
+    with cuda_peak(x.device) as memory:
+        first = guarded_first_calls(step, True, options["guard_s"])
+        for _ in range(max(0, warmup - len(first)) - 1):
+            step()
+        probe = call_seconds_cuda(step)  # the last warm-up call (compiles done), timed
+        times = []
+        for _ in range(adaptive_repeats(repeats, probe)):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize(x.device)
+            times.append(start.elapsed_time(end) / 1e3)
+    result = {
+        "time": statistics.median(times),
+        "best": min(times),
+        "repeats": len(times),
+        "first_call_s": first[0] if first else probe,
+        "peak": memory["peak"],
+        "peak_kind": "cuda",
+    }
+    if options["count"]:
+        result.update(count_call(step, cuda=True))
     return result
+
+
+def call_seconds_cuda(step: Callable[[], object]) -> float:
+    """Wall time of one ``step()`` until the GPU has finished it."""
+    start = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def under_autocast(
@@ -495,7 +581,11 @@ def run_pairwise_case(
 ) -> dict:
     """One case of an "at each N" script: ``n`` random ``dim``-d embeddings, 4 per class, on
     ``DEVICES[device_code]``, the loss ``make_loss(case)`` or, for ``case == "floor"``,
-    :func:`product_floor`, forward under ``AUTOCAST[autocast_code]``."""
+    :func:`product_floor`, forward under ``AUTOCAST[autocast_code]``. A case ``"NAME@BACKEND"``
+    runs ``make_loss(NAME)`` with ``use_backend(BACKEND)`` around every call (forward and
+    backward). Raises :class:`_backends.CaseSkipped` once ``--budget-s`` has run out."""
+    check_deadline()
+    case, backend = split_case(case)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     device = torch.device(DEVICES[device_code])
@@ -506,9 +596,10 @@ def run_pairwise_case(
     else:
         loss_fn = make_loss(case)
         compute = lambda: loss_fn(x, labels)  # noqa: E731
-    return time_backward(
-        x, under_autocast(compute, device, AUTOCAST[autocast_code]), warmup, repeats
-    )
+    with backend_context(backend):
+        return time_backward(
+            x, under_autocast(compute, device, AUTOCAST[autocast_code]), warmup, repeats
+        )
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -535,7 +626,7 @@ def mib(result: dict | None) -> str:
 def seconds(result: dict | None) -> str:
     """``result["time"]`` in seconds; ``"skipped"`` for a case not run, ``"error"`` for a failed
     in-process case (its error is in the JSON and printed below the table)."""
-    if result is None:
+    if result is None or "skipped" in result:
         return "skipped"
     return "error" if "error" in result else f"{result['time']:.3f}"
 
@@ -591,10 +682,7 @@ def report_pairwise(
                 rows.append({"n": n, "cases": best})
         print(f"after: {machine_load()}")
         note_pml_skipped(args, pml_cost)
-        for row in rows:
-            for case, result in row["cases"].items():
-                if "error" in result:
-                    print(f"N={row['n']} {case}: {result['error']}")
+        print_failures(rows)
         tables.append({"autocast": autocast, "sizes": rows})
     write_json(
         args.json,
@@ -609,6 +697,19 @@ def report_pairwise(
             "tables": tables,
         },
     )
+
+
+def print_failures(rows: list[dict]) -> None:
+    """Below a table: each failed case's error (with its traceback, in-process) and each skipped
+    case's reason, ``N=... case: ...``."""
+    for row in rows:
+        for case, result in row["cases"].items():
+            if "error" in result:
+                print(f"N={row['n']} {case}: {result['error']}")
+                if result.get("traceback"):
+                    print("```\n" + result["traceback"].rstrip() + "\n```")
+            elif "skipped" in result:
+                print(f"N={row['n']} {case}: skipped: {result['skipped']}")
 
 
 def note_pml_skipped(args: argparse.Namespace, cost: str) -> None:

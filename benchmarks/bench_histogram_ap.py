@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from _backend_report import report_backends
 from _measure import (
     add_pairwise_flags,
     bench_main,
@@ -79,8 +80,25 @@ def make_loss(case: str):
     return (FastAPLoss if case == "ours" else PMLFastAPLoss)(num_bins=10)
 
 
+SPEC = {
+    "losses": ["ours", "qap"],
+    "labels": {"ours": "FastAP", "qap": "mAP_Q", "pml": "PML FastAP", "floor": "floor"},
+    "pml_loss": "fastap",
+    "num_bins": 10,
+}
+
+
 def report(args) -> None:
-    """Measures every size and case, prints the table."""
+    """Measures every size and case, prints the table (``--backends``: one row per backend)."""
+    if args.backends:
+        title = (
+            "FastAP (ours, PML: 10 bins) and mAP_Q (20 bins) forward+backward by backend, "
+            f"{{where}}, d={args.dim}, {args.warmup} warm-up call(s), "
+            f"{args.repeats} timed call(s) at most x {args.rounds} round(s); "
+            "peak = {peak} during all calls; PML / case for mAP_Q is against PML's FastAP"
+        )
+        report_backends(__file__, args, title, SPEC)
+        return
     title = (
         "FastAP (ours, PML: 10 bins) and mAP_Q (20 bins) forward+backward, {where}, "
         f"d={args.dim}, {args.warmup} warm-up call(s), best of "

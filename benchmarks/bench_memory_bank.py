@@ -40,6 +40,14 @@ from __future__ import annotations
 import time
 
 import torch
+from _backend_report import (
+    COUNT_COLUMNS,
+    count_cells,
+    milliseconds,
+    peak_mib,
+    print_table_header,
+)
+from _backends import add_backend_flags, backend_context, check_deadline, split_case
 from _measure import (
     AUTOCAST,
     DEVICES,
@@ -52,6 +60,7 @@ from _measure import (
     measure_cases,
     measure_in_child,
     mib,
+    print_failures,
     print_header,
     print_row,
     product_floor,
@@ -139,7 +148,11 @@ def run_case(
 ):
     """Runs inside the subprocess: returns best time (s) and peak memory growth (bytes); a
     ``paired_<loss>`` case returns the paired times of floor, ``<loss>``, ``_ref`` and ``_pml``
-    under ``"times"``. The forward runs under ``AUTOCAST[autocast_code]``."""
+    under ``"times"``. The forward runs under ``AUTOCAST[autocast_code]``; a case
+    ``"NAME@BACKEND"`` runs under ``use_backend(BACKEND)``; ``--budget-s`` run out:
+    ``_backends.CaseSkipped``."""
+    check_deadline()
+    case, backend = split_case(case)
     device = torch.device(DEVICES[device_code])
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -157,9 +170,10 @@ def run_case(
         }
         return {"time": 0.0, "peak": 0, "times": paired_times(x, computes, warmup, repeats)}
     compute = make_compute(case, x, labels, mem, mem_labels)
-    return time_backward(
-        x, under_autocast(compute, device, AUTOCAST[autocast_code]), warmup, repeats
-    )
+    with backend_context(backend):
+        return time_backward(
+            x, under_autocast(compute, device, AUTOCAST[autocast_code]), warmup, repeats
+        )
 
 
 def report(args) -> None:
@@ -176,6 +190,10 @@ def report(args) -> None:
         )
         numbers = [args.memory, args.batch, args.dim]
         numbers += [DEVICES.index(device), AUTOCAST.index(autocast)]
+        if args.backends:
+            best = report_backends(args, device, numbers)
+            tables.append({"autocast": autocast, "cases": best})
+            continue
         best = measure_cases(__file__, CASES, numbers, args)
         floor = best["floor"]
         print_header(
@@ -200,9 +218,7 @@ def report(args) -> None:
                     "-" if per_pair is None else f"{per_pair:.1f}",
                 ]
             )
-        for case, r in best.items():
-            if "error" in r:
-                print(f"{case}: {r['error']}")
+        print_failures([{"n": args.memory, "cases": best}])
         if args.paired:
             report_paired(args, numbers)
         tables.append({"autocast": autocast, "cases": best})
@@ -217,9 +233,47 @@ def report(args) -> None:
             "dim": args.dim,
             "timing": {"warmup": args.warmup, "repeats": args.repeats, "rounds": args.rounds},
             "in_process": args.in_process,
+            "backends": args.backends,
             "tables": tables,
         },
     )
+
+
+def backend_cases(backends: list[str]) -> list[str]:
+    """``--backends``: the floor, then every memory-bank, direct and PML-path case under each
+    backend (``"fastap@gpu"``, ...)."""
+    return ["floor"] + [f"{case}@{b}" for b in backends for case in CASES if case != "floor"]
+
+
+def report_backends(args, device: str, numbers: list[int]) -> dict:
+    """``--backends``: measures :func:`backend_cases` and prints one row per case and backend,
+    with the per-call counts (CUDA: kernels, syncs, device-to-host copies; CPU: aten operators,
+    syncing ones), then the skipped and failed cases. Returns the results."""
+    best = measure_cases(__file__, backend_cases(args.backends), numbers, args)
+    pairs = args.batch * args.memory
+    columns = ["case", "backend", "ms / step", "vs floor", "vs ref", "peak MiB", "peak vs ref"]
+    print_table_header(columns + ["bytes / pair", *COUNT_COLUMNS[device]], text_columns={0, 1})
+    for case, r in best.items():
+        name, backend = split_case(case)
+        ref = None
+        if name in LOSSES or name.endswith("_pml"):
+            ref = best.get(f"{name.removesuffix('_pml')}_ref@{backend}")
+        per_pair = ratio(r, {"peak": pairs}, "peak")
+        print_row(
+            [
+                name,
+                backend or "-",
+                milliseconds(r),
+                times_cell(ratio(r, best["floor"]), 2),
+                "-" if ref is None else times_cell(ratio(r, ref), 2),
+                peak_mib(r),
+                "-" if ref is None else times_cell(ratio(r, ref, "peak"), 2),
+                "-" if per_pair is None else f"{per_pair:.1f}",
+                *count_cells(r, device),
+            ]
+        )
+    print_failures([{"n": args.memory, "cases": best}])
+    return best
 
 
 def report_paired(args, numbers: list[int]) -> None:
@@ -259,6 +313,7 @@ def main() -> None:
         help="also time the cases of each loss in turn within one process (robust to load)",
     )
     add_timing_flags(parser)
+    add_backend_flags(parser)
     bench_main(parser, run_case, report)
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import warnings
 from functools import partial
 
+from _backend_report import report_backends
 from _measure import (
     add_pairwise_flags,
     bench_main,
@@ -78,8 +79,24 @@ def make_loss(case: str):
     return RankedListLoss(margin=0.4, alpha=1.2, Tn=10.0, gallery_gradient=case == "ours_gg")
 
 
+SPEC = {
+    "losses": ["ours"],
+    "labels": {"ours": "RankedList", "pml": "PML RankedList", "floor": "floor"},
+    "pml_loss": "ranked_list",
+}
+
+
 def report(args) -> None:
-    """Measures every size and case, prints the table."""
+    """Measures every size and case, prints the table (``--backends``: one row per backend)."""
+    if args.backends:
+        title = (
+            "RankedListLoss forward+backward by backend, {where}, "
+            f"d={args.dim}, alpha 1.2, margin 0.4, Tn 10, 4 per class, gallery_gradient=False, "
+            f"{args.warmup} warm-up call(s), {args.repeats} timed call(s) at most x "
+            f"{args.rounds} round(s); peak = {{peak}} during all calls"
+        )
+        report_backends(__file__, args, title, SPEC)
+        return
     title = (
         f"RankedListLoss forward+backward, {{where}}, d={args.dim}, "
         "alpha 1.2, margin 0.4, Tn 10, 4 per class, "

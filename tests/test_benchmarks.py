@@ -15,20 +15,39 @@ import contextlib
 import functools
 import gc
 import io
+import json
 import os
 import re
 import runpy
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+from _backends import (  # noqa: E402
+    COUNT_ENV,
+    DEADLINE_ENV,
+    GUARD_ENV,
+    MARKER,
+    CaseSkipped,
+    backend_list,
+    classify_profile,
+    count_ops,
+    flatten,
+    guarded_first_calls,
+    int_list,
+    pml_bytes,
+    pml_skip_reason,
+)
 from _measure import (  # noqa: E402
     LOW_MMAP_THRESHOLD,
     SMOKE_NOTE,
@@ -36,10 +55,14 @@ from _measure import (  # noqa: E402
     competing_load,
     machine_load,
     measure_in_child,
+    measure_in_process,
+    print_failures,
     run_json,
     time_calls,
 )
 from bench_memory_bank import paired_times  # noqa: E402
+
+SETTING_VARIABLES = (COUNT_ENV, DEADLINE_ENV, GUARD_ENV)
 
 
 def run_script(name: str, *args: str) -> str:
@@ -61,11 +84,13 @@ def smoke(name: str, *args: str) -> str:
     process (``runpy``); a second call with the same arguments reuses it.
 
     What a script changes in its process is restored: ``sys.argv``, torch's thread count
-    (``--threads``) and random state, and the objects ``_measure.collect_garbage`` froze (a
+    (``--threads``) and random state, the per-case settings it put in the environment
+    (``_backends.apply_settings``), and the objects ``_measure.collect_garbage`` froze (a
     collection then frees the script's last case, DataLoader workers included). A script that
     fails raises here, or exits with a non-zero status (``pytest.fail`` with it)."""
     script = BENCHMARKS / name
     saved = sys.argv, torch.get_num_threads(), torch.random.get_rng_state()
+    saved_env = {key: os.environ.get(key) for key in SETTING_VARIABLES}
     sys.argv = [str(script), *args, "--smoke"]
     try:
         with contextlib.redirect_stdout(io.StringIO()) as out:
@@ -77,6 +102,11 @@ def smoke(name: str, *args: str) -> str:
         sys.argv = saved[0]
         torch.set_num_threads(saved[1])
         torch.random.set_rng_state(saved[2])
+        for key, value in saved_env.items():  # --time-guard, --budget-s, counting
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         gc.unfreeze()
         gc.collect()
     assert out.getvalue().startswith(SMOKE_NOTE)
@@ -84,9 +114,12 @@ def smoke(name: str, *args: str) -> str:
 
 
 def table_rows(output: str) -> list[list[str]]:
-    rows = [line.strip("|").split("|") for line in output.splitlines() if line.startswith("| ")]
-    cells = [[cell.strip() for cell in row] for row in rows]
-    return [row for row in cells if row[0] not in ("N", "case") and not row[0].startswith("---")]
+    """The body rows of every Markdown table in ``output`` (headers and rules left out)."""
+    lines = [line for line in output.splitlines() if line.startswith("| ")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    is_rule = [row[0].startswith("---") for row in rows]
+    header = [i + 1 < len(rows) and is_rule[i + 1] for i in range(len(rows))]
+    return [row for i, row in enumerate(rows) if not is_rule[i] and not header[i]]
 
 
 # One smoke run per pairwise script, read by the tests of its xdist group: two sizes (PML skipped
@@ -281,8 +314,8 @@ def test_bench_memory_bank_toy_size_prints_every_case():
     assert by_case["fastap_ref"][3] == "-"
     assert "CPU, 2 threads" in out
     # --paired: one row per loss, CrossBatchMemory against the floor and the direct call.
-    assert [row[0] for row in paired] == ["loss", *losses]
-    assert all(row[5].endswith("x") and row[6].endswith("x") for row in paired[1:])
+    assert [row[0] for row in paired] == losses
+    assert all(row[5].endswith("x") and row[6].endswith("x") for row in paired)
 
 
 def test_paired_times_rotate_the_order_so_each_case_is_timed_in_each_position():
@@ -368,3 +401,275 @@ def test_bench_distributed_prints_four_cases_and_ratios():
     assert [row[0] for row in rows] == ["plain R=1", "plain R=2", "chunked R=1", "chunked R=2"]
     assert [row[2] for row in rows] == ["16", "8", "16", "8"]
     assert "plain: 2-process / 1-process time" in out and "chunked: 2-process" in out
+
+
+# -- issue 39: --backends, the op-count proxy, the training step, the GPU script ------------------
+BACKENDS_SMOKE = ("--sizes", "32,48", "--pml-max", "32", "--backends", "cpu,gpu")
+
+
+def by_key(rows: list[list[str]], *columns: int) -> dict:
+    """The rows keyed by the cells at ``columns`` (e.g. N, case, backend)."""
+    return {tuple(row[c] for c in columns): row for row in rows}
+
+
+def test_bench_histogram_ap_backends_rows_with_pml_floor_and_counts():
+    out = smoke("bench_histogram_ap.py", *BACKENDS_SMOKE)
+    header = next(line for line in out.splitlines() if line.startswith("| N "))
+    assert "| backend |" in header and "aten ops | sync ops" in header
+    rows = by_key(table_rows(out), 0, 1, 2)
+    expected = [("floor", "-"), ("PML FastAP", "-")]
+    expected += [(loss, b) for loss in ("FastAP", "mAP_Q") for b in ("cpu", "gpu")]
+    assert list(rows) == [(n, *key) for n in ("32", "48") for key in expected]  # 32,48 parsed
+    for n in ("32", "48"):
+        floor = rows[(n, "floor", "-")]
+        assert floor[5] == "1.00x" and floor[-1] == "0"  # S = X X^T syncs nothing
+        for loss in ("FastAP", "mAP_Q"):
+            for backend in ("cpu", "gpu"):
+                row = rows[(n, loss, backend)]
+                assert float(row[3]) > 0 and row[5].endswith("x")
+                assert int(row[-2]) > 0 and int(row[-1]) >= 0  # aten ops, sync ops counted
+                assert row[4].endswith("x") == (n == "32")  # vs PML only where PML ran
+    assert int(rows[("32", "PML FastAP", "-")][-2]) > 0
+    assert rows[("48", "PML FastAP", "-")][3] == "skipped"
+    assert "N=48 pml: skipped: above --pml-max 32" in out
+
+
+def test_bench_ranked_list_backends_skips_the_cpu_backend_above_its_max():
+    out = smoke("bench_ranked_list.py", *BACKENDS_SMOKE, "--cpu-backend-max", "32")
+    rows = by_key(table_rows(out), 0, 1, 2)
+    assert rows[("32", "RankedList", "cpu")][3] != "skipped"
+    assert rows[("48", "RankedList", "cpu")][3] == "skipped"
+    assert float(rows[("48", "RankedList", "gpu")][3]) > 0
+    assert "N=48 ours@cpu: skipped: cpu backend above --cpu-backend-max 32" in out
+
+
+def test_bench_memory_bank_backends_compares_each_case_with_its_own_backends_ref():
+    out = smoke(
+        "bench_memory_bank.py",
+        *("--memory", "64", "--batch", "8", "--dim", "8", "--device", "cpu"),
+        *("--backends", "gpu"),
+    )
+    rows = by_key(table_rows(out), 0, 1)
+    losses = ["fastap", "qap", "rll"]
+    cases = [*losses, *(f"{x}_ref" for x in losses), *(f"{x}_pml" for x in losses)]
+    assert list(rows) == [("floor", "-"), *((case, "gpu") for case in cases)]
+    for case in cases:
+        row = rows[(case, "gpu")]
+        assert row[3].endswith("x") and int(row[-2]) > 0  # vs floor; aten ops
+        assert row[4] == "-" if case.endswith("_ref") else row[4].endswith("x")
+
+
+def test_time_guard_skips_a_slow_case_but_gives_a_slow_first_call_a_second_try():
+    def step_taking(*durations):
+        left = list(durations)
+        return lambda: time.sleep(left.pop(0))
+
+    assert guarded_first_calls(step_taking(0.0), False, None) == []  # no guard: no extra call
+    assert len(guarded_first_calls(step_taking(0.0), False, 0.05)) == 1
+    compiled = guarded_first_calls(step_taking(0.08, 0.0), False, 0.05)  # a compile, then fast
+    assert len(compiled) == 2 and compiled[0] >= 0.08 and compiled[1] < 0.05
+    with pytest.raises(CaseSkipped, match="over --time-guard 0.05 s"):
+        guarded_first_calls(step_taking(0.08, 0.08), False, 0.05)
+
+
+def test_budget_run_out_skips_a_case_and_a_skip_never_replaces_a_measurement(
+    monkeypatch, gc_unfrozen_after
+):
+    import bench_histogram_ap
+    from _measure import run_pairwise_case
+
+    case = functools.partial(run_pairwise_case, bench_histogram_ap.make_loss)
+    args = argparse.Namespace(warmup=0, repeats=1, rounds=1, threads=1, in_process=True)
+    args.run_case = case
+    monkeypatch.setenv(DEADLINE_ENV, repr(time.time() - 1))
+    skipped = measure_in_child("never-run.py", "ours@gpu", [8, 4, 0, 0], args)
+    assert skipped == {"time": None, "peak": None, "skipped": "out of the time budget (--budget-s)"}
+    monkeypatch.delenv(DEADLINE_ENV)
+    measured = measure_in_child("never-run.py", "ours@gpu", [8, 4, 0, 0], args)
+    assert measured["time"] > 0
+    results = iter([measured, skipped])
+    best = best_over_rounds(lambda c: dict(next(results)), ["a"], rounds=2)
+    assert best["a"]["time"] == measured["time"]
+
+
+def test_failed_in_process_case_keeps_its_traceback_and_the_table_prints_it(capsys):
+    def broken(case, *numbers):
+        return {"x": 1}[case]  # KeyError deep in a case
+
+    result = measure_in_process(broken, "ours", [1])
+    assert result["error"] == "KeyError: 'ours'"
+    assert "Traceback" in result["traceback"] and 'return {"x": 1}[case]' in result["traceback"]
+    print_failures([{"n": 8, "cases": {"ours": result, "pml": {"skipped": "too big"}}}])
+    out = capsys.readouterr().out
+    assert "N=8 ours: KeyError: 'ours'\n```\nTraceback" in out
+    assert "N=8 pml: skipped: too big" in out
+
+
+def test_sizes_take_commas_and_spaces():
+    assert flatten([int_list("256,1024"), int_list("4096")]) == [256, 1024, 4096]
+    with pytest.raises(ValueError, match="integers separated by commas"):
+        int_list("256,1k")
+    assert backend_list("cpu, GPU,cpu") == ["cpu", "gpu"]
+    with pytest.raises(ValueError, match="cpu, gpu, triton, auto"):
+        backend_list("cuda")
+
+
+def test_pml_memory_model_matches_the_issue_measurements_and_names_the_need():
+    # issue 39, one H200: PML FastAP 2.9 GB at N = 4096, 47 GB at 16384; RankedList 12.5 GB
+    for loss, n, measured in [
+        ("fastap", 4096, 2.9e9),
+        ("fastap", 16384, 47e9),
+        ("ranked_list", 16384, 12.5e9),
+    ]:
+        assert abs(pml_bytes(loss, n) / measured - 1) < 0.1
+    assert pml_skip_reason("fastap", 256, "cpu") is None
+    reason = pml_skip_reason("fastap", 65536, "cpu")
+    assert reason.startswith("would need 756 GB")
+
+
+def test_profile_classification_counts_kernels_syncs_inside_the_call_and_dtoh_copies():
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(name, device, start=5.0, end=6.0):
+        return SimpleNamespace(
+            name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end)
+        )
+
+    events = [
+        event(MARKER, cpu, 0.0, 10.0),
+        event(MARKER, cuda),  # the marker's annotation on the device: not a kernel
+        event("void at::native::vectorized_elementwise_kernel<...>", cuda),
+        event("ampere_sgemm_128x64_nn", cuda),
+        event("Memcpy DtoH (Device -> Pageable)", cuda),
+        event("Memcpy HtoD (Pageable -> Device)", cuda),
+        event("Memset (Device)", cuda),
+        event("cudaLaunchKernel", cpu),
+        event("cudaStreamSynchronize", cpu, 3.0, 4.0),
+        event("cudaDeviceSynchronize", cpu, 11.0, 12.0),  # after the call: the profiler's own
+    ]
+    counts = classify_profile(events)
+    assert counts == {
+        "kernels": 2,
+        "syncs": 1,
+        "dtoh": 1,
+        "copies": 2,
+        "sync_calls": {"cudaStreamSynchronize": 1},
+    }
+    # the attributes read exist on a real trace's events (a CPU-only trace: nothing on a device)
+    x = torch.ones(8, 8)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function(MARKER):
+            (x @ x).sum()
+    assert any(e.name == MARKER for e in prof.events())
+    assert classify_profile(prof.events())["kernels"] == 0
+
+
+def test_count_ops_flags_a_syncing_operator():
+    x = torch.tensor([0.0, 1.0, 2.0])
+    counts = count_ops(lambda: x[x > 0].sum())  # boolean indexing: a nonzero in disguise
+    assert counts["aten_ops"] >= 3 and counts["sync_ops"] >= 1
+    assert count_ops(lambda: (x * 2).sum())["sync_ops"] == 0
+
+
+def run_main(module, argv: list[str]) -> tuple[int, str]:
+    """``module.main(argv)`` in this process: its return code and what it printed."""
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        code = module.main(argv)
+    return code, out.getvalue()
+
+
+def test_op_counts_prints_every_loss_and_backend_with_targets(tmp_path):
+    import op_counts
+
+    path = tmp_path / "counts.json"
+    code, out = run_main(op_counts, ["--n", "48", "--pml-n", "32", "--json", str(path)])
+    assert code == 0  # whatever the verdicts, without --check
+    rows = by_key(table_rows(out), 0, 1)
+    ours = [(loss, b) for loss in ("FastAP", "mAP_Q", "RankedList") for b in ("cpu", "gpu")]
+    assert list(rows) == [*ours, ("PML FastAP", "-"), ("PML RankedList", "-")]
+    for key in ours:
+        assert rows[key][2] == "48" and int(rows[key][3]) > 0
+        assert rows[key][7] == ("-" if key[1] == "cpu" else rows[key][7])
+        assert rows[key][7] in (("-",) if key[1] == "cpu" else ("PASS", "FAIL"))
+    assert rows[("FastAP", "gpu")][6].startswith("0 syncs, <= 100 ops, < PML (")
+    assert rows[("RankedList", "gpu")][6].startswith("0 syncs, <= 140 ops")
+    assert rows[("PML FastAP", "-")][2] == "32"
+    saved = json.loads(path.read_text())
+    misses = sum(row["verdict"] == "FAIL" for row in saved["rows"])
+    assert saved["misses"] == misses
+    code, _ = run_main(op_counts, ["--n", "48", "--pml-n", "32", "--check"])
+    assert code == (1 if misses else 0)
+
+
+def test_op_counts_verdict_and_pml_count_independent_of_n():
+    import op_counts
+
+    pml = {"ops": 150}
+    assert op_counts.verdict("FastAP", "gpu", {"ops": 99, "syncs": 0}, pml)[1] == "PASS"
+    assert op_counts.verdict("FastAP", "gpu", {"ops": 101, "syncs": 0}, pml)[1] == "FAIL"
+    assert op_counts.verdict("FastAP", "gpu", {"ops": 90, "syncs": 1}, pml)[1] == "FAIL"
+    assert op_counts.verdict("RankedList", "triton", {"ops": 140, "syncs": 0}, pml)[1] == "PASS"
+    assert op_counts.verdict("RankedList", "gpu", {"ops": 140, "syncs": 0}, {"ops": 140})[1] == (
+        "FAIL"
+    )
+    assert op_counts.verdict("FastAP", "cpu", {"ops": 999, "syncs": 9}, pml)[1] == "-"
+    # PML is counted at a smaller N than ours on the grounds that its count does not depend on N
+    for name in ("PML FastAP", "PML RankedList"):
+        loss = op_counts.make_loss(name, None)
+        small, large = (op_counts.count(loss, n, 16, "cpu", None) for n in (32, 96))
+        assert small["ops"] == large["ops"] > 0
+
+
+@pytest.mark.slow  # six training steps of a ResNet-18 on the CPU (about 5 s of CPU idle)
+def test_bench_train_step_toy_size_prints_every_case(tmp_path):
+    import bench_train_step
+
+    path = tmp_path / "train_step.json"
+    argv = ["--device", "cpu", "--arch", "resnet18", "--image-size", "16", "--batch", "8"]
+    argv += ["--steps", "1", "--warmup", "0", "--threads", "1", "--json", str(path)]
+    saved = torch.get_num_threads()
+    try:
+        code, out = run_main(bench_train_step, argv)
+    finally:
+        torch.set_num_threads(saved)
+    assert code == 0
+    assert "autocast none" in out  # auto: float32 on the CPU
+    rows = table_rows(out)
+    labels = ["trunk only", "plugin FastAP", "plugin RankedList"]
+    labels += ["PML FastAPLoss", "PML RankedListLoss", "PML ContrastiveLoss"]
+    assert [row[0] for row in rows] == labels
+    for row in rows:
+        assert float(row[2]) > 0 and float(row[3]) > 0 and row[4].endswith("%")
+    assert rows[0][5] == "-" and all(re.fullmatch(r"-?[\d.]+", row[5]) for row in rows[1:])
+    results = json.loads(path.read_text())["results"]
+    assert [r["label"] for r in results] == labels
+    assert all(0 < r["share"] and r["loss_s"] > 0 for r in results)
+
+
+@pytest.mark.slow  # five Python processes (op counts, three benchmarks, the training step)
+def test_gpu_bench_tiny_runs_every_part_and_writes_its_files(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    script = BENCHMARKS.parent / "scripts" / "gpu_bench.sh"
+    done = subprocess.run(
+        [str(script), "--tiny", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    files = ["bench.json", "bench.md", "env.txt", "train_step.json", "train_step.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == files
+    env_txt = (tmp_path / "env.txt").read_text()
+    for key in ("date:", "torch:", "device:", "triton:", "pytorch_metric_learning:"):
+        assert key in env_txt
+    bench = (tmp_path / "bench.md").read_text()
+    for part in ("op counts", "FastAP / mAP_Q", "RankedList", "memory bank"):
+        assert re.search(rf"-- {re.escape(part)}.*: exit 0 after", bench), part
+    assert "Traceback" not in bench
+    merged = json.loads((tmp_path / "bench.json").read_text())
+    assert sorted(merged) == [
+        "bench_histogram_ap",
+        "bench_memory_bank",
+        "bench_ranked_list",
+        "op_counts",
+    ]
+    assert merged["bench_histogram_ap"]["backends"] == ["cpu", "gpu"]
+    train = (tmp_path / "train_step.md").read_text()
+    assert "-- training step: exit 0" in train and "| PML ContrastiveLoss |" in train
