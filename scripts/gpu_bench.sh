@@ -104,22 +104,29 @@ common=(--device "$device" --in-process --time-guard 5 "${timing[@]}" --backends
 pairwise=(--sizes "$sizes" $big --pml-max "$pml_max" --cpu-backend-max "$cpu_max")
 
 : > "$out/bench.md"
-run "$(limit 60)" "op counts (CPU proxy, here on $device)" benchmarks/op_counts.py \
+# GPU_BENCH_PARTS (default: every part) picks parts for a short lease: ops hist rll bank train.
+# GPU_BENCH_LIMITS="ops hist rll bank train" overrides the five time limits (seconds).
+want() { case " ${GPU_BENCH_PARTS:-ops hist rll bank train} " in *" $1 "*) return 0 ;; esac; return 1; }
+read -r l_ops l_hist l_rll l_bank l_train <<< "${GPU_BENCH_LIMITS:-60 110 75 60 110}"
+want ops && run "$(limit "$l_ops")" "op counts (CPU proxy, here on $device)" benchmarks/op_counts.py \
     --device "$device" --n "$n_ops" --backends "$backends" --json "$parts/op_counts.json"
-run "$(limit 110)" "FastAP / mAP_Q" benchmarks/bench_histogram_ap.py "${pairwise[@]}" \
-    "${common[@]}" --budget-s 80 --json "$parts/bench_histogram_ap.json"
-run "$(limit 75)" "RankedList" benchmarks/bench_ranked_list.py "${pairwise[@]}" \
-    "${common[@]}" --budget-s 45 --json "$parts/bench_ranked_list.json"
+want hist && run "$(limit "$l_hist")" "FastAP / mAP_Q" benchmarks/bench_histogram_ap.py \
+    "${pairwise[@]}" "${common[@]}" --budget-s $((l_hist * 3 / 4)) --json "$parts/bench_histogram_ap.json"
+want rll && run "$(limit "$l_rll")" "RankedList" benchmarks/bench_ranked_list.py \
+    "${pairwise[@]}" "${common[@]}" --budget-s $((l_rll * 3 / 5)) --json "$parts/bench_ranked_list.json"
 # the memory bank's cases run backend by backend: gpu and triton first, so that the budget, if
 # it runs out, cuts the cpu backend's rows
-run "$(limit 60)" "memory bank" benchmarks/bench_memory_bank.py "${memory[@]}" \
-    "${common[@]}" --backends "$bank_backends" --budget-s 35 --json "$parts/bench_memory_bank.json"
+want bank && run "$(limit "$l_bank")" "memory bank" benchmarks/bench_memory_bank.py \
+    "${memory[@]}" "${common[@]}" --backends "$bank_backends" --budget-s $((l_bank * 3 / 5)) --json "$parts/bench_memory_bank.json"
 
-echo "== training step (limit $(limit 110) s)"
-timeout --signal=INT --kill-after=15 "$(limit 110)" "$python" benchmarks/bench_train_step.py \
-    --device "$device" "${train[@]}" --backends "$backends" --budget-s 70 \
-    --json "$out/train_step.json" 2>&1 | grep -v '^USDT:' | tee "$out/train_step.md"
-echo "-- training step: exit ${PIPESTATUS[0]}" | tee -a "$out/train_step.md"
+if want train; then
+    echo "== training step (limit $(limit "$l_train") s)"
+    timeout --signal=INT --kill-after=15 "$(limit "$l_train")" "$python" \
+        benchmarks/bench_train_step.py --device "$device" "${train[@]}" --backends "$backends" \
+        --budget-s $((l_train * 2 / 3)) --json "$out/train_step.json" 2>&1 | grep -v '^USDT:' \
+        | tee "$out/train_step.md"
+    echo "-- training step: exit ${PIPESTATUS[0]}" | tee -a "$out/train_step.md"
+fi
 
 "$python" - "$parts" "$out/bench.json" <<'EOF'
 import json

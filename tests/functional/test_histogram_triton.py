@@ -25,6 +25,7 @@ from pml_rank_plugins.functional import histogram
 from pml_rank_plugins.functional.backend import triton_available
 from pml_rank_plugins.functional.histogram import triton_kernel
 from pml_rank_plugins.functional.soft_histogram import LabelCategories, pair_histograms
+from pml_rank_plugins.losses import CrossBatchMemory, FastAPLoss, QuantizedAPLoss
 
 needs_triton = pytest.mark.skipif(
     not triton_available(), reason="triton is not installed (it is optional)"
@@ -115,6 +116,49 @@ def _half_inputs():
                 seconds=round(seconds, 2))  # fmt: skip
 
 
+def _loss_case(name, make_loss, miner=False, bank=False):
+    """End to end through the dispatch point: the loss with ``backend="triton"`` equals the same
+    loss with ``backend="cpu"`` in value and embedding gradient (float32, N = 30)."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(30, 12, generator=gen)
+    y = torch.randint(0, 5, (30,), generator=gen)
+    pairs = None
+    if miner:  # every pair of the first 20 rows: a dense-categories call of the kernel
+        a, p = torch.meshgrid(torch.arange(20), torch.arange(30), indexing="ij")
+        same, other = (y[a] == y[p]) & (a != p), y[a] != y[p]
+        pairs = (a[same], p[same], a[other], p[other])
+    out = {}
+    for backend in ("cpu", "triton"):
+        e = x.clone().requires_grad_()
+        loss_func = make_loss(backend)
+        if bank:
+            loss_func = CrossBatchMemory(loss_func, embedding_size=12, memory_size=45)
+            loss_func(x[:15] * 0.5, y[:15])  # a first batch in the memory bank
+        loss = loss_func(e, y) if pairs is None else loss_func(e, y, pairs)
+        loss.backward()
+        out[backend] = (float(loss.detach()), e.grad)
+    value_error = abs(out["triton"][0] - out["cpu"][0])
+    grad_error = float((out["triton"][1] - out["cpu"][1]).abs().max())
+    ok = value_error < 1e-5 and grad_error < 1e-6 and float(out["cpu"][1].abs().max()) > 0
+    return dict(case=name, ok=ok, value_error=value_error, grad_error=grad_error)
+
+
+def _losses():
+    return {
+        "loss_fastap_triton": lambda: _loss_case(
+            "loss_fastap_triton", lambda b: FastAPLoss(num_bins=10, backend=b)
+        ),
+        "loss_map_t_miner_triton": lambda: _loss_case(
+            "loss_map_t_miner_triton",
+            lambda b: QuantizedAPLoss(num_bins=20, tie_aware=True, backend=b),
+            miner=True,
+        ),
+        "loss_memory_bank_triton": lambda: _loss_case(
+            "loss_memory_bank_triton", lambda b: FastAPLoss(num_bins=10, backend=b), bank=True
+        ),
+    }
+
+
 def cases():
     """(name, thunk) for every interpreter case; each thunk returns a :func:`_compare` record."""
     gen = torch.Generator().manual_seed(0)
@@ -189,6 +233,7 @@ def cases():
             "ties_and_clamping_descending_L4", tq, tr, 2.0, -2.0, 4, ONE, categories=tcat
         ),
         "float16_upcast": _half_inputs,
+        **_losses(),
     }
 
 
