@@ -7,6 +7,7 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
+from ..functional.backend import checks_values, resolve_backend
 from ..functional.chunk_threads import glue_elements, one_torch_thread
 from ..functional.ranked_list import (
     check_query_weighting,
@@ -29,6 +30,7 @@ from ..utils.loss_and_miner_utils import (
     pair_masks,
     ranked_list_categories,
 )
+from ..utils.ranked_list_backends import check_backend_options, sync_free_loss_terms
 from .self_index import SelfIndexForward
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -153,6 +155,8 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         gallery_gradient: bool = False,
         chunk_size: int | None = None,
         query_weighting: str = "mean",
+        backend: str | None = None,
+        check_values: bool | None = None,
         **kwargs,
     ):
         alpha = default_alpha(margin, alpha)
@@ -160,8 +164,10 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
         query_weighting = check_query_weighting(query_weighting)
         chunk_size = check_chunk_size(chunk_size)
+        backend, check_values = check_backend_options(backend, check_values)
         super().__init__(**kwargs)
         self.chunk_size, self.query_weighting = chunk_size, query_weighting
+        self.backend, self.check_values = backend, check_values
         if self.distance.is_inverted:
             raise ValueError("RankedListLoss needs a distance (small = similar), not a similarity")
         self.margin, self.alpha = float(margin), float(alpha)
@@ -214,7 +220,14 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         # The glue around the kernel on one torch thread too (chunk_threads.one_torch_thread).
         device = embeddings.device
         glue = glue_elements(embeddings, ref_emb, dense_pairs=indices_tuple is not None)
+        backend = resolve_backend(device, self.backend)
         with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):
+            if backend != "cpu":
+                values = checks_values(backend, self.check_values)
+                terms = sync_free_loss_terms(
+                    self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index, values
+                )
+                return self._loss_dict(terms, False)
             return self._compute_loss(
                 embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index
             )
@@ -226,9 +239,7 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         if len(emb) == 0 or len(ref) == 0:
             # Nothing to rank: a zero loss connected to the graph, every query skipped.
             self.num_valid_queries, self.num_skipped_queries = 0, len(emb)
-            if self.collect_stats:
-                self._set_empty_stats()
-            return self.zero_losses()
+            return self._loss_dict(None, True)
         self.num_valid_queries, self.num_skipped_queries = len(emb), 0
         neg_weights = self._pair_weights(indices_tuple, emb.device)
         chunkable = euclidean_embeddings(self.distance, emb, ref, is_self, self.gallery_gradient)
@@ -259,8 +270,18 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
             terms = ranked_list_terms(
                 dist, pos_mask, neg_mask, **self._params(), neg_weights=dense_weights
             )
-        if self.collect_stats:
+        return self._loss_dict(terms, True)
+
+    def _loss_dict(self, terms, host_stats: bool) -> dict:
+        """PML's loss dictionary of per-query losses; stats set first (``None``: empty batch)."""
+        if terms is None:
+            if self.collect_stats:
+                self._set_empty_stats()
+            return self.zero_losses()
+        if self.collect_stats and host_stats:
             self._set_stats(terms)
+        elif self.collect_stats:
+            self._set_device_stats(terms)
         return {
             "loss": {
                 "losses": terms.loss,
@@ -312,3 +333,11 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         self.avg_pos_per_query = num_pos.double().mean().item()
         self.avg_neg_per_query = num_neg.double().mean().item()
         self.num_queries_nothing_mined = int(((num_pos == 0) & (num_neg == 0)).sum().item())
+
+    def _set_device_stats(self, terms):
+        """The ``gpu`` / ``triton`` stats: 0-dim tensors on the device (no host read)."""
+        num_pos, num_neg = terms.num_pos, terms.num_neg
+        self.num_pos_pairs, self.num_neg_pairs = num_pos.sum(), num_neg.sum()
+        self.avg_pos_per_query = num_pos.double().mean()
+        self.avg_neg_per_query = num_neg.double().mean()
+        self.num_queries_nothing_mined = ((num_pos == 0) & (num_neg == 0)).sum()

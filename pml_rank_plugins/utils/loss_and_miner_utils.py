@@ -269,7 +269,12 @@ def ranked_list_categories(
 
 
 def check_self_index(
-    self_index, labels: torch.Tensor, ref_labels: torch.Tensor, indices_tuple=None
+    self_index,
+    labels: torch.Tensor,
+    ref_labels: torch.Tensor,
+    indices_tuple=None,
+    *,
+    check_values: bool = True,
 ) -> torch.Tensor:
     """Checks a per-query self index and returns it as an int64 tensor on the labels' device.
 
@@ -284,6 +289,9 @@ def check_self_index(
         labels: ``(N,)`` query labels.
         ref_labels: ``(M,)`` reference labels.
         indices_tuple: must be ``None``: mined pairs already say which pairs a list holds.
+        check_values: also check the entries' range and labels (reads values back: host
+            synchronisations on an accelerator; ``False`` on the ``gpu`` backend by default,
+            see ``functional.backend.checks_values``).
 
     Returns:
         ``self_index`` as int64 on ``labels.device``.
@@ -314,6 +322,8 @@ def check_self_index(
             f"{tuple(self_index.shape)}"
         )
     self_index = self_index.to(device=labels.device, dtype=torch.long)
+    if not check_values:
+        return self_index
     if n and (int(self_index.min()) < 0 or int(self_index.max()) >= m):
         raise ValueError(
             f"self_index entries must be reference columns in [0, {m}), got the range "
