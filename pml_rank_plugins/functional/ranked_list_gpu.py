@@ -92,7 +92,7 @@ class _GpuRankedList(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, queries, refs, pairs, given, params, chunk_rows, check):
-        n, m = len(queries), len(refs)
+        n = len(queries)
         ref_sq = (refs * refs).sum(1)
         starts = range(0, max(n, 1), chunk_rows)  # one (empty) chunk when N = 0
         parts, log_ws = [], []
@@ -121,9 +121,7 @@ class _GpuRankedList(torch.autograd.Function):
         if check:
             check_loss_finite(loss, params.alpha, params.lam)
         if single:  # keep the coefficient matrix: the backward is two or three products
-            coef = _coefficients(
-                dist, w_pos, w_neg, inv_zp * params.lam_pos, inv_zn * params.lam
-            )
+            coef = _coefficients(dist, w_pos, w_neg, inv_zp * params.lam_pos, inv_zn * params.lam)
             ctx.save_for_backward(queries, refs, coef)
         else:
             ctx.save_for_backward(queries, refs, inv_zp, inv_zn)
@@ -163,12 +161,11 @@ class _GpuRankedList(torch.autograd.Function):
             dist, _, _, w_pos, w_neg = _chunk_terms(
                 q, refs, ref_sq, pairs, given, params, start, stop
             )
-            coef = _coefficients(
-                dist, w_pos, w_neg, scale_pos[start:stop], scale_neg[start:stop]
-            )
+            coef = _coefficients(dist, w_pos, w_neg, scale_pos[start:stop], scale_neg[start:stop])
             if need_q:
-                torch.addmm(q * coef.sum(1, keepdim=True), coef, refs, alpha=-1.0,
-                            out=grad_q[start:stop])
+                torch.addmm(
+                    q * coef.sum(1, keepdim=True), coef, refs, alpha=-1.0, out=grad_q[start:stop]
+                )
             if need_r:
                 col_sum.add_(coef.sum(0))
                 grad_r.addmm_(coef.T, q, alpha=-1.0)

@@ -93,8 +93,10 @@ def prepare_embeddings(
     return queries, queries if is_self else ref_emb.to(dtype), is_self
 
 
-_NAMES = {4: ("positive anchors", "positives", "negative anchors", "negatives"),
-          3: ("anchors", "positives", "negatives")}
+_NAMES = {
+    4: ("positive anchors", "positives", "negative anchors", "negatives"),
+    3: ("anchors", "positives", "negatives"),
+}
 
 
 def check_indices_tuple(indices_tuple, num_queries: int, num_refs: int, check_values: bool):

@@ -59,7 +59,9 @@ def assert_terms_close(a, b):
 
 
 def grads(loss, inputs, seed=1):
-    upstream = torch.rand(len(loss), dtype=loss.dtype, generator=torch.Generator().manual_seed(seed))
+    upstream = torch.rand(
+        len(loss), dtype=loss.dtype, generator=torch.Generator().manual_seed(seed)
+    )
     return torch.autograd.grad(loss, inputs, upstream)
 
 
@@ -190,8 +192,14 @@ def test_no_syncing_operator_forward_and_backward_at_one_and_several_chunks():
         q1, r1 = q.clone().requires_grad_(), r.clone().requires_grad_()
         with OpCounter(forbid_syncs=True) as ops:
             terms = gpu_ranked_list_terms(
-                q1, r1, LabelPairs(labels, ref_labels), ALPHA, MARGIN, Tp=1.0,
-                chunk_size=chunk_size, query_weighting="weight_share",
+                q1,
+                r1,
+                LabelPairs(labels, ref_labels),
+                ALPHA,
+                MARGIN,
+                Tp=1.0,
+                chunk_size=chunk_size,
+                query_weighting="weight_share",
             )
             terms.loss.sum().backward()
         assert ops.syncs == 0 and ops.total > 0
