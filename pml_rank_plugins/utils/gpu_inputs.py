@@ -31,16 +31,18 @@ def euclidean_embeddings(
     ref_emb: torch.Tensor,
     is_self: bool,
     gallery_gradient: bool,
+    normalize_fn=normalize_rows,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(queries, refs)`` for the Euclidean kernel (PML's plain ``LpDistance(p=2, power=1)``),
     or ``None`` for any other distance; as ``loss_and_miner_utils.euclidean_embeddings``, with
-    the sync-free normalization. O((N + M) D)."""
+    ``normalize_fn`` (default: the sync-free normalization; the ``cpu`` path of the Ranked List
+    loss passes the screened one, same values). O((N + M) D)."""
     if type(distance) is not LpDistance or distance.p != 2 or distance.power != 1:
         return None
     distance.reset_stats()
     gallery = ref_emb if gallery_gradient else ref_emb.detach()
     distance.check_shapes(embeddings, gallery)
-    normalize = normalize_rows if distance.normalize_embeddings else (lambda rows: rows)
+    normalize = normalize_fn if distance.normalize_embeddings else (lambda rows: rows)
     queries = normalize(embeddings)
     if is_self:
         refs = queries if gallery_gradient else queries.detach()
