@@ -91,6 +91,19 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
             within-query negative weights. Element losses are ``N c_i L_i``, so PML's default
             ``MeanReducer`` gives ``sum_i c_i L_i`` (another reducer averages those instead).
             Any other value: ``ValueError``. Keyword-only.
+        backend: ``None`` (default: the ``use_backend`` context, else ``$PML_RANK_BACKEND``,
+            else ``auto``), ``"auto"``, ``"cpu"``, ``"gpu"`` or ``"triton"``
+            (:mod:`pml_rank_plugins.functional.backend`). ``cpu``: the chunked kernel above
+            (sparse mined pairs, CPU-cache chunks). ``gpu``: dense chunks from a fixed memory
+            budget, no host synchronisation in forward or backward
+            (:mod:`pml_rank_plugins.functional.ranked_list_gpu`; same values and gradients to
+            rounding); ``triton`` runs the ``gpu`` path (no Triton kernel for this family, see
+            that module). Keyword-only.
+        check_values: read input values back to validate them (finite embeddings, index ranges
+            of ``indices_tuple``, miner weights, a finite loss): ``None`` (default) does so on
+            ``cpu`` only; on ``gpu`` / ``triton`` each check would synchronise the host, so they
+            are opt-in (``True``) there (the trainers check the loss once per step). Shape, dtype
+            and device checks always run. Keyword-only.
 
     ``self_index`` (keyword of ``forward``): the column of ``ref_emb`` holding each query itself,
     left out of its list (:class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`; what
@@ -107,7 +120,9 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
 
     Stats (``collect_stats``): ``num_pos_pairs``, ``num_neg_pairs`` (mined, total),
     ``avg_pos_per_query``, ``avg_neg_per_query``, ``num_queries_nothing_mined``,
-    ``num_valid_queries`` (queries in the mean: all ``N``) and ``num_skipped_queries`` (0).
+    ``num_valid_queries`` (queries in the mean: all ``N``) and ``num_skipped_queries`` (0). On the
+    ``gpu`` / ``triton`` backends the first five are 0-dim tensors on the embeddings' device
+    (Python numbers would need a host read each); ``.item()`` them when logging.
 
     An empty batch or an empty ``ref_emb`` gives a zero loss connected to the graph (backward
     works, zero gradient) with every query counted in ``num_skipped_queries`` and

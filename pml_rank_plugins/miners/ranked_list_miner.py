@@ -53,7 +53,8 @@ class RankedListMiner(BaseMiner):
     the output; any other distance object is called as is (O(N M) memory).
 
     Stats (``collect_stats``): ``num_pos_pairs``, ``num_neg_pairs`` (set by PML) and
-    ``num_anchors_nothing_mined`` (queries with no non-trivial pair at all).
+    ``num_anchors_nothing_mined`` (queries with no non-trivial pair at all; a 0-dim tensor on the
+    ``gpu`` / ``triton`` backends).
 
     Query weighting: the miner has no ``query_weighting`` option because it weights pairs
     within a query, and those weights (eqs. 9, 12, normalized per anchor) are the same under
@@ -70,6 +71,12 @@ class RankedListMiner(BaseMiner):
             10)``.
         alpha: keyword-only; ``None`` (default): ``1 + margin / 2``, as the loss.
         chunk_size: query rows per chunk (``None``: automatic).
+        backend: as :class:`~pml_rank_plugins.losses.RankedListLoss` (``gpu`` / ``triton``:
+            :mod:`pml_rank_plugins.functional.ranked_list_gpu_mining`). A miner returns index
+            tuples whose lengths depend on the data, so no backend can mine without reading
+            back from the device: the ``gpu`` path does it exactly once per call (the pair
+            counts, one device-to-host copy), the ``cpu`` path once per chunk and pair kind.
+        check_values: as the loss (``self_index`` ranges and labels, finite embeddings).
 
     ``self_index`` (keyword of ``forward``): ``(N,)`` column of ``ref_emb`` that holds query
     ``i`` itself (same label), left out of its list before mining -- the pairs PML's
