@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
-from ..functional.chunk_threads import glue_elements, one_torch_thread
+from ..functional.backend import checks_values, resolve_backend
+from ..functional.chunk_threads import glue_elements, one_thread_apply, one_torch_thread
 from ..functional.ranked_list import (
     check_query_weighting,
     check_rll_params,
@@ -16,22 +19,23 @@ from ..functional.ranked_list import (
     term_weights,
 )
 from ..functional.ranked_list_chunked import SparseWeights, chunked_ranked_list_terms
-from ..functional.validation import (
-    check_finite,
-    prepare_embeddings,
-    validate_indices_tuple,
-)
+from ..functional.screened_inputs import normalize_rows_screened, prepare_embeddings_screened
+from ..functional.validation import check_finite, validate_indices_tuple
+from ..utils.gpu_inputs import euclidean_embeddings
 from ..utils.loss_and_miner_utils import (
     check_chunk_size,
     check_loss_labels,
     distance_matrix,
-    euclidean_embeddings,
     pair_masks,
     ranked_list_categories,
 )
+from ..utils.ranked_list_backends import check_backend_options, sync_free_loss_terms
 from .self_index import SelfIndexForward
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+# The cpu path's normalization: normalize_rows' values in fewer passes, on one torch thread
+# (forward and backward, as loss_and_miner_utils.euclidean_embeddings does).
+SCREENED_NORMALIZE = partial(one_thread_apply, normalize_rows_screened)
 
 
 class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
@@ -87,6 +91,19 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
             within-query negative weights. Element losses are ``N c_i L_i``, so PML's default
             ``MeanReducer`` gives ``sum_i c_i L_i`` (another reducer averages those instead).
             Any other value: ``ValueError``. Keyword-only.
+        backend: ``None`` (default: the ``use_backend`` context, else ``$PML_RANK_BACKEND``,
+            else ``auto``), ``"auto"``, ``"cpu"``, ``"gpu"`` or ``"triton"``
+            (:mod:`pml_rank_plugins.functional.backend`). ``cpu``: the chunked kernel above
+            (sparse mined pairs, CPU-cache chunks). ``gpu``: dense chunks from a fixed memory
+            budget, no host synchronisation in forward or backward
+            (:mod:`pml_rank_plugins.functional.ranked_list_gpu`; same values and gradients to
+            rounding); ``triton`` runs the ``gpu`` path (no Triton kernel for this family, see
+            that module). Keyword-only.
+        check_values: read input values back to validate them (finite embeddings, index ranges
+            of ``indices_tuple``, miner weights, a finite loss): ``None`` (default) does so on
+            ``cpu`` only; on ``gpu`` / ``triton`` each check would synchronise the host, so they
+            are opt-in (``True``) there (the trainers check the loss once per step). Shape, dtype
+            and device checks always run. Keyword-only.
 
     ``self_index`` (keyword of ``forward``): the column of ``ref_emb`` holding each query itself,
     left out of its list (:class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`; what
@@ -103,7 +120,9 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
 
     Stats (``collect_stats``): ``num_pos_pairs``, ``num_neg_pairs`` (mined, total),
     ``avg_pos_per_query``, ``avg_neg_per_query``, ``num_queries_nothing_mined``,
-    ``num_valid_queries`` (queries in the mean: all ``N``) and ``num_skipped_queries`` (0).
+    ``num_valid_queries`` (queries in the mean: all ``N``) and ``num_skipped_queries`` (0). On the
+    ``gpu`` / ``triton`` backends the first five are 0-dim tensors on the embeddings' device
+    (Python numbers would need a host read each); ``.item()`` them when logging.
 
     An empty batch or an empty ``ref_emb`` gives a zero loss connected to the graph (backward
     works, zero gradient) with every query counted in ``num_skipped_queries`` and
@@ -153,6 +172,8 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         gallery_gradient: bool = False,
         chunk_size: int | None = None,
         query_weighting: str = "mean",
+        backend: str | None = None,
+        check_values: bool | None = None,
         **kwargs,
     ):
         alpha = default_alpha(margin, alpha)
@@ -160,8 +181,10 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
         query_weighting = check_query_weighting(query_weighting)
         chunk_size = check_chunk_size(chunk_size)
+        backend, check_values = check_backend_options(backend, check_values)
         super().__init__(**kwargs)
         self.chunk_size, self.query_weighting = chunk_size, query_weighting
+        self.backend, self.check_values = backend, check_values
         if self.distance.is_inverted:
             raise ValueError("RankedListLoss needs a distance (small = similar), not a similarity")
         self.margin, self.alpha = float(margin), float(alpha)
@@ -214,24 +237,33 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         # The glue around the kernel on one torch thread too (chunk_threads.one_torch_thread).
         device = embeddings.device
         glue = glue_elements(embeddings, ref_emb, dense_pairs=indices_tuple is not None)
+        backend = resolve_backend(device, self.backend)
         with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):
+            if backend != "cpu":
+                values = checks_values(backend, self.check_values)
+                terms = sync_free_loss_terms(
+                    self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index, values
+                )
+                return self._loss_dict(terms, False)
             return self._compute_loss(
                 embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index
             )
 
     def _compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index):
-        emb, ref, is_self = prepare_embeddings(embeddings, ref_emb)
+        # The checks and normalization of validation.py, screened: a memory bank's references
+        # are ~12 passes cheaper per call, same values and errors (functional/screened_inputs).
+        emb, ref, is_self = prepare_embeddings_screened(embeddings, ref_emb)
         # Before anything indexes with them: a negative index would silently wrap around.
         validate_indices_tuple(indices_tuple, len(emb), len(ref))
         if len(emb) == 0 or len(ref) == 0:
             # Nothing to rank: a zero loss connected to the graph, every query skipped.
             self.num_valid_queries, self.num_skipped_queries = 0, len(emb)
-            if self.collect_stats:
-                self._set_empty_stats()
-            return self.zero_losses()
+            return self._loss_dict(None, True)
         self.num_valid_queries, self.num_skipped_queries = len(emb), 0
         neg_weights = self._pair_weights(indices_tuple, emb.device)
-        chunkable = euclidean_embeddings(self.distance, emb, ref, is_self, self.gallery_gradient)
+        chunkable = euclidean_embeddings(
+            self.distance, emb, ref, is_self, self.gallery_gradient, SCREENED_NORMALIZE
+        )
         if chunkable is not None:
             queries, refs = chunkable
             with torch.no_grad():
@@ -259,8 +291,18 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
             terms = ranked_list_terms(
                 dist, pos_mask, neg_mask, **self._params(), neg_weights=dense_weights
             )
-        if self.collect_stats:
+        return self._loss_dict(terms, True)
+
+    def _loss_dict(self, terms, host_stats: bool) -> dict:
+        """PML's loss dictionary of per-query losses; stats set first (``None``: empty batch)."""
+        if terms is None:
+            if self.collect_stats:
+                self._set_empty_stats()
+            return self.zero_losses()
+        if self.collect_stats and host_stats:
             self._set_stats(terms)
+        elif self.collect_stats:
+            self._set_device_stats(terms)
         return {
             "loss": {
                 "losses": terms.loss,
@@ -312,3 +354,11 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         self.avg_pos_per_query = num_pos.double().mean().item()
         self.avg_neg_per_query = num_neg.double().mean().item()
         self.num_queries_nothing_mined = int(((num_pos == 0) & (num_neg == 0)).sum().item())
+
+    def _set_device_stats(self, terms):
+        """The ``gpu`` / ``triton`` stats: 0-dim tensors on the device (no host read)."""
+        num_pos, num_neg = terms.num_pos, terms.num_neg
+        self.num_pos_pairs, self.num_neg_pairs = num_pos.sum(), num_neg.sum()
+        self.avg_pos_per_query = num_pos.double().mean()
+        self.avg_neg_per_query = num_neg.double().mean()
+        self.num_queries_nothing_mined = ((num_pos == 0) & (num_neg == 0)).sum()

@@ -71,7 +71,9 @@ class SelfIndexForward:
         # (the cpu backend, or check_values=True on the loss): see backend.checks_values.
         backend = resolve_backend(embeddings.device, getattr(self, "backend", None))
         check_values = checks_values(backend, getattr(self, "check_values", None))
-        self_index = check_self_index(self_index, labels, ref_labels, indices_tuple, check_values)
+        self_index = check_self_index(
+            self_index, labels, ref_labels, indices_tuple, check_values=check_values
+        )
         loss_dict = self.compute_loss(
             embeddings, labels, None, ref_emb, ref_labels, self_index=self_index
         )

@@ -7,6 +7,7 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.miners import BaseMiner
 from pytorch_metric_learning.utils import common_functions as c_f
 
+from ..functional.backend import checks_values, resolve_backend
 from ..functional.chunk_threads import glue_elements, one_torch_thread
 from ..functional.ranked_list import (
     check_rll_params,
@@ -25,6 +26,7 @@ from ..utils.loss_and_miner_utils import (
     pair_masks,
     ranked_list_categories,
 )
+from ..utils.ranked_list_backends import check_backend_options, sync_free_mine
 
 
 class RankedListMiner(BaseMiner):
@@ -51,7 +53,8 @@ class RankedListMiner(BaseMiner):
     the output; any other distance object is called as is (O(N M) memory).
 
     Stats (``collect_stats``): ``num_pos_pairs``, ``num_neg_pairs`` (set by PML) and
-    ``num_anchors_nothing_mined`` (queries with no non-trivial pair at all).
+    ``num_anchors_nothing_mined`` (queries with no non-trivial pair at all; a 0-dim tensor on the
+    ``gpu`` / ``triton`` backends).
 
     Query weighting: the miner has no ``query_weighting`` option because it weights pairs
     within a query, and those weights (eqs. 9, 12, normalized per anchor) are the same under
@@ -68,6 +71,12 @@ class RankedListMiner(BaseMiner):
             10)``.
         alpha: keyword-only; ``None`` (default): ``1 + margin / 2``, as the loss.
         chunk_size: query rows per chunk (``None``: automatic).
+        backend: as :class:`~pml_rank_plugins.losses.RankedListLoss` (``gpu`` / ``triton``:
+            :mod:`pml_rank_plugins.functional.ranked_list_gpu_mining`). A miner returns index
+            tuples whose lengths depend on the data, so no backend can mine without reading
+            back from the device: the ``gpu`` path does it exactly once per call (the pair
+            counts, one device-to-host copy), the ``cpu`` path once per chunk and pair kind.
+        check_values: as the loss (``self_index`` ranges and labels, finite embeddings).
 
     ``self_index`` (keyword of ``forward``): ``(N,)`` column of ``ref_emb`` that holds query
     ``i`` itself (same label), left out of its list before mining -- the pairs PML's
@@ -90,13 +99,17 @@ class RankedListMiner(BaseMiner):
         *,
         alpha: float | None = None,
         chunk_size: int | None = None,
+        backend: str | None = None,
+        check_values: bool | None = None,
         **kwargs,
     ):
         alpha = default_alpha(margin, alpha)
         check_rll_params(alpha, margin, Tn)
         chunk_size = check_chunk_size(chunk_size)
+        backend, check_values = check_backend_options(backend, check_values)
         super().__init__(**kwargs)
         self.chunk_size = chunk_size
+        self.backend, self.check_values = backend, check_values
         if self.distance.is_inverted:
             raise ValueError("RankedListMiner needs a distance (small = similar), not a similarity")
         self.alpha, self.margin, self.Tn = float(alpha), float(margin), float(Tn)
@@ -154,12 +167,18 @@ class RankedListMiner(BaseMiner):
             raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
         check_labels(labels, "labels")
         check_labels(ref_labels, "ref_labels")
+        backend = resolve_backend(embeddings.device, self.backend)
+        values = checks_values(backend, self.check_values)
         if self_index is not None:
-            self_index = check_self_index(self_index, labels, ref_labels)
+            self_index = check_self_index(self_index, labels, ref_labels, check_values=values)
         # Under torch.autocast the distance product would run in low precision: mine in float32.
         # On one torch thread around the chunks (see chunk_threads.one_torch_thread).
         device, glue = embeddings.device, glue_elements(embeddings, ref_emb)
         with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):
+            if backend != "cpu":
+                return sync_free_mine(
+                    self, embeddings, labels, ref_emb, ref_labels, self_index, values
+                )
             return self._mine(embeddings, labels, ref_emb, ref_labels, self_index)
 
     def _mine(self, embeddings, labels, ref_emb, ref_labels, self_index=None) -> WeightedPairs:

@@ -273,6 +273,7 @@ def check_self_index(
     labels: torch.Tensor,
     ref_labels: torch.Tensor,
     indices_tuple=None,
+    *,
     check_values: bool = True,
 ) -> torch.Tensor:
     """Checks a per-query self index and returns it as an int64 tensor on the labels' device.

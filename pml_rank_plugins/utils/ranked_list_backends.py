@@ -1,0 +1,97 @@
+"""The ``gpu`` / ``triton`` paths of :class:`~pml_rank_plugins.losses.RankedListLoss` and
+:class:`~pml_rank_plugins.miners.RankedListMiner` (selected by
+:func:`~pml_rank_plugins.functional.backend.resolve_backend`; the ``triton`` backend runs this
+path too, the family has no Triton kernel: see :mod:`pml_rank_plugins.functional.ranked_list_gpu`).
+
+The loss reads no tensor value on the host (forward and backward: zero syncing operators) unless
+``check_values`` (:func:`~pml_rank_plugins.functional.backend.checks_values`). The miner returns
+index tuples whose sizes depend on the data, so it cannot be sync-free: it reads the mined-pair
+counts back once per call (:func:`pml_rank_plugins.functional.ranked_list_gpu_mining.host_counts`)
+and nothing else.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..functional.backend import check_backend
+from ..functional.ranked_list_gpu import gpu_ranked_list_terms, gpu_ranked_list_terms_dense
+from ..functional.ranked_list_gpu_mining import gpu_mining_from_dist, gpu_ranked_list_mining
+from ..functional.sync_free_inputs import check_indices_tuple, prepare_embeddings
+from .gpu_inputs import distance_matrix, euclidean_embeddings, pair_source, pair_weights
+from .loss_and_miner_utils import WeightedPairs
+
+
+def check_backend_options(backend, check_values) -> tuple[str | None, bool | None]:
+    """The ``backend`` (``None`` or one of ``functional.backend.BACKENDS``) and ``check_values``
+    (``None`` or a bool) keywords of the loss and the miner, checked at construction."""
+    if backend is not None:
+        check_backend(backend, "backend")
+    if check_values is not None and not isinstance(check_values, bool):
+        raise ValueError(f"check_values must be None, True or False, got {check_values!r}")
+    return backend, check_values
+
+
+def sync_free_loss_terms(
+    loss, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index, check_values
+):
+    """``RankedListLoss``'s terms on the ``gpu`` kernels (``None`` for an empty batch or
+    reference set, after setting the query counts). ``loss`` supplies the distance and the
+    parameters; ``check_values`` adds the ``cpu`` path's value checks."""
+    emb, ref, is_self = prepare_embeddings(embeddings, ref_emb, check_values)
+    check_indices_tuple(indices_tuple, len(emb), len(ref), check_values)
+    if len(emb) == 0 or len(ref) == 0:
+        loss.num_valid_queries, loss.num_skipped_queries = 0, len(emb)
+        return None
+    loss.num_valid_queries, loss.num_skipped_queries = len(emb), 0
+    given = pair_weights(indices_tuple, emb.device, check_values)
+    with torch.no_grad():
+        pairs = pair_source(labels, ref_labels, indices_tuple, is_self, self_index)
+    chunkable = euclidean_embeddings(loss.distance, emb, ref, is_self, loss.gallery_gradient)
+    if chunkable is not None:
+        return gpu_ranked_list_terms(
+            *chunkable,
+            pairs,
+            **loss._params(),
+            neg_weights=given,
+            chunk_size=loss.chunk_size,
+            check_values=check_values,
+        )
+    dist = distance_matrix(loss.distance, emb, ref, loss.gallery_gradient)
+    with torch.no_grad():
+        pos, neg = pairs.candidates(0, len(emb))
+    return gpu_ranked_list_terms_dense(
+        dist, pos, neg, **loss._params(), neg_weights=given, check_values=check_values
+    )
+
+
+def sync_free_mine(
+    miner, embeddings, labels, ref_emb, ref_labels, self_index, check_values
+) -> WeightedPairs:
+    """``RankedListMiner``'s pairs on the ``gpu`` kernels: one host read (the pair counts)."""
+    emb, ref, is_self = prepare_embeddings(embeddings, ref_emb, check_values)
+    if len(emb) == 0 or len(ref) == 0:
+        empty = torch.zeros(0, dtype=torch.long, device=emb.device)
+        if miner.collect_stats:
+            miner.num_anchors_nothing_mined = len(emb)
+        return WeightedPairs(empty, empty, empty, empty, weights=emb.new_zeros(0))
+    pairs = pair_source(labels, ref_labels, None, is_self, self_index)
+    chunkable = euclidean_embeddings(miner.distance, emb, ref, is_self, False)
+    if chunkable is not None:
+        a1, p, a2, n, weights = gpu_ranked_list_mining(
+            *chunkable, pairs, miner.alpha, miner.margin, miner.Tn, miner.chunk_size
+        )
+    else:
+        dist = distance_matrix(miner.distance, emb, ref, False)
+        a1, p, a2, n, weights = gpu_mining_from_dist(
+            dist, pairs, miner.alpha, miner.margin, miner.Tn
+        )
+    if miner.collect_stats:
+        mined = torch.zeros(len(emb), dtype=torch.bool, device=emb.device)
+        mined[a1] = True
+        mined[a2] = True
+        miner.num_anchors_nothing_mined = (~mined).sum()
+    return WeightedPairs(a1, p, a2, n, weights=weights)
+
+
+__all__ = ["check_backend_options", "sync_free_loss_terms", "sync_free_mine"]
