@@ -4,6 +4,8 @@ gradients are those of the plain calls, and torch's thread count is restored."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from pytorch_metric_learning.distances import LpDistance
@@ -16,8 +18,10 @@ from pml_rank_plugins.functional.chunk_threads import (
     one_thread_apply,
     one_torch_thread,
 )
+from pml_rank_plugins.functional.screened_inputs import normalize_rows_screened
 from pml_rank_plugins.functional.validation import normalize_rows
 from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss, RankedListLoss
+from pml_rank_plugins.losses import ranked_list as ranked_list_loss_module
 from pml_rank_plugins.utils import loss_and_miner_utils
 
 # torch's CPU threads: on the CPU whatever TEST_DEVICE (tests/conftest.py)
@@ -152,6 +156,10 @@ def test_ranked_list_runs_its_normalization_on_one_thread(
     two_threads, monkeypatch, gallery_gradient
 ):
     seen = []
+    # The cpu path normalizes through losses.ranked_list.SCREENED_NORMALIZE (one_thread_apply of
+    # the screened normalize_rows); the recorder sits inside one_thread_apply, where it runs.
+    screened = partial(one_thread_apply, _recorded(normalize_rows_screened, seen))
+    monkeypatch.setattr(ranked_list_loss_module, "SCREENED_NORMALIZE", screened)
     monkeypatch.setattr(loss_and_miner_utils, "normalize_rows", _recorded(normalize_rows, seen))
     loss = RankedListLoss(gallery_gradient=gallery_gradient, chunk_size=32)
     assert type(loss.distance) is LpDistance and loss.distance.normalize_embeddings
