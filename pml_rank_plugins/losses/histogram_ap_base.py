@@ -13,6 +13,7 @@ from ..functional.validation import (
     validate_indices_tuple,
 )
 from ..utils.loss_and_miner_utils import check_loss_labels, pair_masks
+from .loss_output import finish_loss
 from .self_index import SelfIndexForward
 
 # Upper bound on num_bins: the histograms take (N, 2, num_bins + 1) floats, and published settings
@@ -100,20 +101,17 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
         *,
         self_index=None,
     ):
-        """PML's ``forward`` (with ``self_index``: :class:`~.self_index.SelfIndexForward`),
-        returning the loss in the embeddings' dtype.
+        """PML's ``forward`` (with ``self_index``: :class:`~.self_index.SelfIndexForward`).
 
-        float16/bfloat16 embeddings are computed in float32, reducer included; the reduced loss
-        is then cast to their dtype, as PML's losses return it (``torch.isclose`` against a
-        float16 loss needs a float16 loss). The cast is differentiable: the gradient reaches the
-        embeddings through it.
+        float16/bfloat16 embeddings are computed in float32, reducer included. The loss is
+        returned in float32 under ``torch.autocast`` (as PML's losses), else in the embeddings'
+        dtype (:func:`~.loss_output.loss_dtype`); the cast is differentiable, and the gradient
+        reaching the embeddings keeps their dtype.
         """
         loss = super().forward(
             embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=self_index
         )
-        if embeddings.is_floating_point() and loss.dtype != embeddings.dtype:
-            loss = loss.to(embeddings.dtype)
-        return loss
+        return finish_loss(loss, embeddings, self)
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
         # The glue around the kernel on one torch thread (see chunk_threads.one_torch_thread).

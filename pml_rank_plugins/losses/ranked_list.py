@@ -29,9 +29,8 @@ from ..utils.loss_and_miner_utils import (
     pair_masks,
     ranked_list_categories,
 )
+from .loss_output import finish_loss
 from .self_index import SelfIndexForward
-
-HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
@@ -198,14 +197,13 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         self_index=None,
     ):
         """PML's ``forward`` (plus ``self_index``, see
-        :class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`), returning the loss in the
-        embeddings' dtype when they are float16/bfloat16 (computed and reduced in float32)."""
+        :class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`). Computed and reduced in
+        float32 for float16/bfloat16 embeddings; returned in float32 under ``torch.autocast``
+        (as PML's losses), else in the embeddings' dtype (:func:`~.loss_output.loss_dtype`)."""
         loss = super().forward(
             embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=self_index
         )
-        if isinstance(embeddings, torch.Tensor) and embeddings.dtype in HALF_DTYPES:
-            return loss.to(embeddings.dtype)
-        return loss
+        return finish_loss(loss, embeddings, self)
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
         check_loss_labels(labels, ref_labels)
