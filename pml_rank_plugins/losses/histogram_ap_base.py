@@ -51,8 +51,8 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     query counts as skipped) or only lists of positives -- the loss is a zero connected to the
     graph: ``backward()`` works and gives zero gradients.
 
-    float16/bfloat16 embeddings are computed in float32 and the loss is returned in their dtype
-    (as PML's losses return it). ``chunk_size`` bounds memory (query rows per chunk; default:
+    float16/bfloat16 embeddings are computed in float32; the loss is returned in float32 under
+    ``torch.autocast`` and in the embeddings' dtype outside it (as PML's losses return it). ``chunk_size`` bounds memory (query rows per chunk; default:
     256K scores or 128 rows, whichever is more, up to 4M scores).
 
     float16 gradient range: the gradient is computed in float32 and cast back, so with float16

@@ -109,8 +109,8 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
     ``num_valid_queries = 0`` (the policy of every loss in this package).
 
     float16/bfloat16 embeddings, and any input under ``torch.autocast``, are computed in
-    float32 (reduced too), and the loss is returned in the embeddings' dtype, as PML's losses
-    return it (a float32 value above 65504 becomes ``inf`` in float16). ``alpha`` or ``lam`` so
+    float32 (reduced too), and the loss is returned in float32 under ``torch.autocast`` and in
+    the embeddings' dtype outside it, as PML's losses return it (a float32 value above 65504 becomes ``inf`` in float16). ``alpha`` or ``lam`` so
     large that the loss overflows the compute dtype raise ``ValueError`` naming them; any finite
     ``Tn``/``Tp`` works.
 
