@@ -221,9 +221,9 @@ def test_pml_wrapper_numbers_in_the_docs(ranks):
     rows = measured_pml_table(ranks)
     text = DOC.read_text()
     missing = [row for row in rows if row not in text]
-    assert not missing, "docs/distributed.md's PML table differs from the measurement:\n" + "\n".join(
-        rows
-    )
+    assert (
+        not missing
+    ), "docs/distributed.md's PML table differs from the measurement:\n" + "\n".join(rows)
     # The claims the page makes of them: efficient=False exact, efficient=True wrong.
     assert all("| exact | 2x |" in row for row in rows), rows
     assert all(row.count("exact") == 1 for row in rows), rows
