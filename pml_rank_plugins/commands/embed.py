@@ -90,8 +90,15 @@ class Embed(Command):
         return 0
 
     def _images(self, args: argparse.Namespace) -> int:
-        from ..running import RunFolderError, embed, embeddings_files, load_run, save_embeddings
-        from ..running.own_images import ImageFiles, find_images
+        from ..running import (
+            ImageFiles,
+            RunFolderError,
+            embed,
+            embeddings_files,
+            find_images,
+            load_run,
+            save_embeddings,
+        )
 
         out = args.out
         if out is None:

@@ -60,7 +60,7 @@ class CrossBatchMemory(PMLCrossBatchMemory):
       its own ``Tn``); combining weighted pairs with an extra ``indices_tuple`` is a
       ``ValueError`` (the extra pairs would have no weight);
     * ``labels`` checked before the memory is touched, with the messages of this package's
-      losses (:func:`check_memory_labels`: a list, ``None``, ``(N, 2)``, a wrong length, NaN /
+      losses (``check_memory_labels``: a list, ``None``, ``(N, 2)``, a wrong length, NaN /
       inf / fractional values); PML raises ``AttributeError`` or a shape mismatch;
     * a clear ``ValueError`` at the call for a batch (or ``enqueue_mask`` selection) larger than
       ``memory_size`` (PML: a bare ``AssertionError``, or silent overwriting), embeddings whose

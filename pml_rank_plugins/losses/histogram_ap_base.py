@@ -105,7 +105,7 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
 
         float16/bfloat16 embeddings are computed in float32, reducer included. The loss is
         returned in float32 under ``torch.autocast`` (as PML's losses), else in the embeddings'
-        dtype (:func:`~.loss_output.loss_dtype`); the cast is differentiable, and the gradient
+        dtype (``loss_output.loss_dtype``); the cast is differentiable, and the gradient
         reaching the embeddings keeps their dtype.
         """
         loss = super().forward(

@@ -199,7 +199,7 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         """PML's ``forward`` (plus ``self_index``, see
         :class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`). Computed and reduced in
         float32 for float16/bfloat16 embeddings; returned in float32 under ``torch.autocast``
-        (as PML's losses), else in the embeddings' dtype (:func:`~.loss_output.loss_dtype`)."""
+        (as PML's losses), else in the embeddings' dtype (``loss_output.loss_dtype``)."""
         loss = super().forward(
             embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=self_index
         )

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import PIL.Image
 import torch
-from PIL import Image
 
 from ..data.images import DatasetFormatError, load_image, to_float_tensor
 
@@ -27,15 +27,15 @@ class EvalTransform:
     mode: str
     steps: Callable | None = None
 
-    def __call__(self, image: Image.Image) -> torch.Tensor:
+    def __call__(self, image: PIL.Image.Image) -> torch.Tensor:
         if image.mode != self.mode:
             image = image.convert(self.mode)
         return self.steps(image) if self.steps is not None else to_float_tensor(image)
 
 
 def find_images(folder: str | Path) -> list[Path]:
-    """The image files under ``folder``, recursively (suffixes :data:`IMAGE_SUFFIXES`, any
-    case), sorted by their path relative to ``folder``.
+    """The image files under ``folder``, recursively (suffixes ``IMAGE_SUFFIXES``: .jpg, .jpeg, .png,
+    .bmp, .gif, .tif, .tiff, .webp, any case), sorted by their path relative to ``folder``.
 
     Raises:
         ValueError: ``folder`` is not a folder, or holds no image file (the message names it and
@@ -58,13 +58,13 @@ def find_images(folder: str | Path) -> list[Path]:
 
 class ImageFiles(torch.utils.data.Dataset):
     """Unlabeled dataset of image files: item ``i`` is ``transform(PIL image of paths[i])``, a
-    tensor (what :func:`~.load.embed` takes as an unlabeled dataset).
+    tensor (what :func:`~pml_rank_plugins.running.embed` takes as an unlabeled dataset).
 
-    Unreadable files raise :class:`~pml_rank_plugins.data.images.DatasetFormatError` naming the
+    Unreadable files raise :class:`~pml_rank_plugins.data.DatasetFormatError` naming the
     file (:meth:`check` finds them all before any model runs).
     """
 
-    def __init__(self, paths: list[Path], transform: Callable[[Image.Image], torch.Tensor]):
+    def __init__(self, paths: list[Path], transform: Callable[[PIL.Image.Image], torch.Tensor]):
         self.paths = list(paths)
         self.transform = transform
 
@@ -77,10 +77,11 @@ class ImageFiles(torch.utils.data.Dataset):
 
     def check(self) -> None:
         """Open every file's header (not a full decode: O(files)); raises
-        :class:`DatasetFormatError` naming the first file PIL cannot identify."""
+        :class:`~pml_rank_plugins.data.DatasetFormatError` naming the first file PIL cannot identify.
+        """
         for path in self.paths:
             try:
-                with Image.open(path) as image:
+                with PIL.Image.open(path) as image:
                     image.verify()
             except Exception as err:  # PIL raises many types for a bad file
                 raise DatasetFormatError(f"{path}: cannot read image ({err})") from err

@@ -1,8 +1,8 @@
 """Helpers shared by the losses and the miners, PML's ``utils`` pattern: import the module,
-:mod:`pml_rank_plugins.utils.loss_and_miner_utils`; and the exact drop-ins for PML's distributed
+``pml_rank_plugins.utils.loss_and_miner_utils``; and the exact drop-ins for PML's distributed
 wrappers, :class:`DistributedLossWrapper` and :class:`DistributedMinerWrapper`
-(:mod:`pml_rank_plugins.utils.distributed_loss`), on the primitives of
-:mod:`pml_rank_plugins.utils.distributed`.
+(``pml_rank_plugins.utils.distributed_loss``), on the primitives of
+``pml_rank_plugins.utils.distributed``.
 
 Import order of the package: ``functional`` <- ``utils`` <- ``losses`` / ``miners`` <-
 ``trainers``; ``losses`` and ``miners`` never import each other.
