@@ -105,3 +105,34 @@ def test_list_bad_kind_exits_2_naming_the_kinds(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "'loss'" in err and all(k in err for k in LIST_KINDS)
+
+
+# -- shipped configs (issue 41, item 5) -------------------------------------------------------------
+def test_list_kind_configs_lists_every_shipped_config(capsys):
+    from pml_rank_plugins.commands.listing import shipped_config_rows
+    from pml_rank_plugins.experiment import shipped_configs
+
+    assert main(["list", "--kind", "configs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "configs:"
+    names = [line.split()[0] for line in out[1:]]
+    assert names == list(shipped_configs()) and len(names) >= 20
+    assert {"default", "omniglot", "studies/omniglot", "claims/fastap_bins"} <= set(names)
+    assert any(n.startswith("ablations/") for n in names)
+    for (name, description), line in zip(shipped_config_rows(), out[1:], strict=True):
+        assert description, f"{name}: no description comment"
+        assert line.split(None, 1)[1] == description
+    assert main(["list", "--kind", "configs", "claims"]) == 0  # the substring filter applies
+    assert all("claim" in line.lower() for line in capsys.readouterr().out.splitlines()[1:])
+
+
+def test_docs_configs_page_lists_exactly_the_shipped_configs():
+    from pathlib import Path
+
+    from pml_rank_plugins.commands.listing import shipped_config_rows
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "configs.md").read_text()
+    section = text.split("## Shipped configs", 1)[1].split("\n## ", 1)[0]
+    listed = [line for line in section.splitlines() if line.startswith("| `")]
+    want = [f"| `{n}` | {d.replace('|', '/')} |" for n, d in shipped_config_rows()]
+    assert listed == want, "regenerate docs/configs.md's table from `pml-rank list --kind configs`"

@@ -43,7 +43,7 @@ def test_readme_is_an_entry_page():
 def test_readme_links_every_docs_page():
     readme = (ROOT / "README.md").read_text()
     pages = [p for p in (ROOT / "docs").glob("*.md") if p.name != "index.md"]
-    missing = [p.name for p in pages if f"/docs/{p.name})" not in readme]
+    missing = [p.name for p in pages if f"docs/{p.name})" not in readme]
     assert not missing, f"README.md's Documentation section does not link {missing}"
 
 

@@ -238,3 +238,36 @@ def test_the_checks_catch_mistakes():
     (cfg,) = expand_methods(bad).values()
     with pytest.raises(ValueError, match="LpDistance"):
         _build_cheap_parts(cfg)
+
+
+def test_quick_start_trains_with_class_balanced_batches_and_pml_optimizer_names():
+    """Issue 41: a ranking loss on random batches of a many-class set has few queries with a
+    positive, and PML warns about a missing ``embedder_optimizer``."""
+    setup, trainer = blocks("python")[0][1], blocks("python")[1][1]
+    assert '"trunk_optimizer"' in setup and '"embedder_optimizer"' in setup
+    assert "MPerClassSampler" in trainer and "sampler=sampler" in trainer
+    getting_started = DOCS / "getting-started.md"
+    assert setup in getting_started.read_text() and trainer in getting_started.read_text()
+
+
+@pytest.mark.slow  # one tiny epoch
+def test_quick_start_runs_without_pml_warnings(tmp_path, monkeypatch, caplog):
+    import warnings
+
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "readme"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _, code in blocks("python")[:2]:
+            exec(compile(code, "README.md", "exec"), namespace)
+    namespace["trainer"].dataloader_iter = None
+    pml = [r.getMessage() for r in caplog.records if r.name.startswith("PML")]
+    assert not [m for m in pml if "optimizer" in m], pml
+    # PML's trainer formats the loss tensor into its progress bar: torch's one warning about it
+    # comes from PML's code, not from the quick start.
+    ours = [
+        str(w.message)
+        for w in caught
+        if "Converting a tensor with requires_grad" not in str(w.message)
+    ]
+    assert not ours, ours

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 
 from .base import Command, config_paths, data_root, load, methods
 from .options import CONFIGS_HELP, add_common, add_methods
@@ -30,10 +32,24 @@ class Check(Command):
         from ..running import repeated_logs_once
 
         paths = [str(p) for p in config_paths(args.configs)]  # builds on --device or the CPU
-        with repeated_logs_once():  # "metric_loss has no parameters" once, with a count
+        with repeated_logs_once(), quiet_optuna():  # "metric_loss has no parameters" once
             lines = load(
                 check_configs, paths, args.overrides, methods(args), args.device, data_root(args)
             )
         for line in lines:
             print(line)
         return 0
+
+
+@contextlib.contextmanager
+def quiet_optuna():
+    """Optuna's INFO lines ("A new study created in memory", one per search space dry run)
+    silenced while ``check`` runs; its warnings still show."""
+    import optuna
+
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(before)

@@ -1,20 +1,46 @@
-"""``pml-rank list``: the names the registry resolves, grouped by kind."""
+"""``pml-rank list``: the names the registry resolves, grouped by kind; ``--kind configs``: the
+shipped configs (name and the first line of each file's description)."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from pathlib import Path
 
 from .base import Command
 from .options import LIST_KINDS
 
-__all__ = ["ListNames"]
+__all__ = ["ListNames", "config_description", "shipped_config_rows"]
+
+CONFIGS = "configs"
+
+
+def config_description(path: Path) -> str:
+    """The first line of a config's leading comment, without ``#`` (``""`` when it has none)."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        text = line.strip()
+        if not text.startswith("#"):
+            return ""
+        text = text.lstrip("#").strip()
+        if text:
+            return re.sub(r"\s+", " ", text)
+    return ""
+
+
+def shipped_config_rows() -> list[tuple[str, str]]:
+    """``(name, description)`` of every shipped config (what ``pml-rank train NAME`` takes),
+    sorted by name, ablations, benchmarks, claims and studies included."""
+    from ..experiment import shipped_configs
+
+    return [(name, config_description(path)) for name, path in shipped_configs().items()]
 
 
 class ListNames(Command):
     """The resolvable names grouped by kind (a ``losses:`` header, then one indented line per
     name: what to write in a config, and the class it resolves to), only ``--kind``'s group when
-    given; exit status 1 (and a line on stderr) when nothing matches."""
+    given; ``--kind configs``: the shipped configs, one line each (name, description); exit
+    status 1 (and a line on stderr) when nothing matches."""
 
     name = "list"
     help = "list resolvable names by kind, e.g. pml-rank list --kind losses"
@@ -25,9 +51,10 @@ class ListNames(Command):
         parser.add_argument("substring", nargs="?", default="", help=what)
         parser.add_argument(
             "--kind",
-            choices=LIST_KINDS,
+            choices=(*LIST_KINDS, CONFIGS),
             metavar="KIND",
-            help=f"only names of this kind ({', '.join(LIST_KINDS)}), e.g. --kind losses",
+            help=f"only names of this kind ({', '.join(LIST_KINDS)}), or the shipped configs "
+            "(configs), e.g. --kind losses",
         )
 
     def run(self, args: argparse.Namespace) -> int:
@@ -36,7 +63,8 @@ class ListNames(Command):
         needle = args.substring.lower()
         found = 0
         for group in LIST_KINDS if args.kind is None else (args.kind,):
-            rows = [(n, t) for n, t in listing(group) if needle in n.lower() or needle in t.lower()]
+            rows = shipped_config_rows() if group == CONFIGS else listing(group)
+            rows = [(n, t) for n, t in rows if needle in n.lower() or needle in t.lower()]
             if not rows:
                 continue
             print(f"{group}:" if not found else f"\n{group}:")

@@ -51,6 +51,37 @@ def check_labels(labels: torch.Tensor, name: str = "labels") -> None:
         )
 
 
+def check_label_values(labels: torch.Tensor | None, name: str = "labels") -> None:
+    """Raise ``ValueError`` naming ``name`` for floating-point labels that are not class ids:
+    NaN, inf, or a fraction (``1.5``). Integer-valued floats (``3.0``) pass, as in PML; integer
+    dtypes and ``None`` pass without reading anything. O(N) for float labels, and it reads the
+    result back to the host (a device sync): call it where value checks are on
+    (``backend.checks_values``)."""
+    if not isinstance(labels, torch.Tensor) or not labels.is_floating_point():
+        return
+    finite = torch.isfinite(labels)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise ValueError(f"{name} contains {bad} NaN/inf value(s); labels are class ids (integers)")
+    fractional = labels != torch.round(labels)
+    if bool(fractional.any()):
+        example = labels[fractional][0].item()
+        raise ValueError(
+            f"{name} contains {int(fractional.sum())} non-integer value(s) (e.g. {example}); "
+            "labels are class ids: pass integers"
+        )
+
+
+def check_ref_labels_pairing(ref_emb, ref_labels) -> None:
+    """``ValueError`` for ``ref_labels`` without ``ref_emb`` (PML would silently use the batch's
+    own labels instead)."""
+    if ref_emb is None and ref_labels is not None:
+        raise ValueError(
+            "ref_labels were given without ref_emb: pass the reference embeddings as ref_emb, or "
+            "drop ref_labels (the batch is ranked against itself with its own labels)"
+        )
+
+
 NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default, which PML's distances use
 
 

@@ -6,10 +6,22 @@ from pytorch_metric_learning.losses import CrossBatchMemory as PMLCrossBatchMemo
 from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
-from ..functional.validation import check_int
+from ..functional.validation import check_int, check_label_values, check_labels
 from ..utils.loss_and_miner_utils import WeightedPairs, takes_self_index
 
 PLUGIN_LOSSES = ["FastAPLoss", "QuantizedAPLoss", "RankedListLoss"]
+
+
+def check_memory_labels(embeddings, labels) -> None:
+    """The label checks of this package's losses, run before anything touches the memory (PML's
+    class writes the labels first, then fails with an ``AttributeError`` or a shape mismatch):
+    a tensor of class ids (:func:`check_labels`), given, 1-D with one label per embedding (PML's
+    ``check_shapes`` messages), without NaN, inf or fractions (:func:`check_label_values`).
+    Labels on another device are moved to the embeddings' device, as PML's losses do."""
+    check_labels(labels, "labels")
+    c_f.labels_required(labels)
+    c_f.check_shapes(embeddings, labels)
+    check_label_values(labels, "labels")
 
 
 class CrossBatchMemory(PMLCrossBatchMemory):
@@ -47,6 +59,9 @@ class CrossBatchMemory(PMLCrossBatchMemory):
       self-comparisons (PML returns a plain tuple, so ``RankedListLoss`` silently fell back to
       its own ``Tn``); combining weighted pairs with an extra ``indices_tuple`` is a
       ``ValueError`` (the extra pairs would have no weight);
+    * ``labels`` checked before the memory is touched, with the messages of this package's
+      losses (``check_memory_labels``: a list, ``None``, ``(N, 2)``, a wrong length, NaN /
+      inf / fractional values); PML raises ``AttributeError`` or a shape mismatch;
     * a clear ``ValueError`` at the call for a batch (or ``enqueue_mask`` selection) larger than
       ``memory_size`` (PML: a bare ``AssertionError``, or silent overwriting), embeddings whose
       width is not ``embedding_size``, and non-integer sizes.
@@ -69,6 +84,7 @@ class CrossBatchMemory(PMLCrossBatchMemory):
                 f"CrossBatchMemory got embeddings of width {embeddings.shape[1]}, but its memory "
                 f"holds embedding_size={self.embedding_size} columns"
             )
+        check_memory_labels(embeddings, labels)
         if enqueue_mask is not None:
             if len(enqueue_mask) != len(embeddings):
                 raise ValueError(

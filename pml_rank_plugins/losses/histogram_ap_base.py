@@ -15,6 +15,7 @@ from ..functional.validation import (
 )
 from ..utils.loss_and_miner_utils import check_loss_labels, pair_masks
 from .histogram_ap_sync_free import sync_free_loss
+from .loss_output import finish_loss
 from .self_index import SelfIndexForward
 
 # Upper bound on num_bins: the histograms take (N, 2, num_bins + 1) floats, and published settings
@@ -52,8 +53,8 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     query counts as skipped) or only lists of positives -- the loss is a zero connected to the
     graph: ``backward()`` works and gives zero gradients.
 
-    float16/bfloat16 embeddings are computed in float32 and the loss is returned in their dtype
-    (as PML's losses return it). ``chunk_size`` bounds memory (query rows per chunk; default:
+    float16/bfloat16 embeddings are computed in float32; the loss is returned in float32 under
+    ``torch.autocast`` and in the embeddings' dtype outside it (as PML's losses return it). ``chunk_size`` bounds memory (query rows per chunk; default:
     256K scores or 128 rows, whichever is more, up to 4M scores).
 
     Backends (``backend=`` keyword, ``use_backend`` context, ``$PML_RANK_BACKEND``; see
@@ -134,20 +135,17 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
         *,
         self_index=None,
     ):
-        """PML's ``forward`` (with ``self_index``: :class:`~.self_index.SelfIndexForward`),
-        returning the loss in the embeddings' dtype.
+        """PML's ``forward`` (with ``self_index``: :class:`~.self_index.SelfIndexForward`).
 
-        float16/bfloat16 embeddings are computed in float32, reducer included; the reduced loss
-        is then cast to their dtype, as PML's losses return it (``torch.isclose`` against a
-        float16 loss needs a float16 loss). The cast is differentiable: the gradient reaches the
-        embeddings through it.
+        float16/bfloat16 embeddings are computed in float32, reducer included. The loss is
+        returned in float32 under ``torch.autocast`` (as PML's losses), else in the embeddings'
+        dtype (``loss_output.loss_dtype``); the cast is differentiable, and the gradient
+        reaching the embeddings keeps their dtype.
         """
         loss = super().forward(
             embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=self_index
         )
-        if embeddings.is_floating_point() and loss.dtype != embeddings.dtype:
-            loss = loss.to(embeddings.dtype)
-        return loss
+        return finish_loss(loss, embeddings, self)
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
         device = embeddings.device

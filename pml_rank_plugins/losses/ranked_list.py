@@ -30,9 +30,9 @@ from ..utils.loss_and_miner_utils import (
     ranked_list_categories,
 )
 from ..utils.ranked_list_backends import check_backend_options, sync_free_loss_terms
+from .loss_output import finish_loss
 from .self_index import SelfIndexForward
 
-HALF_DTYPES = (torch.float16, torch.bfloat16)
 # The cpu path's normalization: normalize_rows' values in fewer passes, on one torch thread
 # (forward and backward, as loss_and_miner_utils.euclidean_embeddings does).
 SCREENED_NORMALIZE = partial(one_thread_apply, normalize_rows_screened)
@@ -129,8 +129,8 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
     ``num_valid_queries = 0`` (the policy of every loss in this package).
 
     float16/bfloat16 embeddings, and any input under ``torch.autocast``, are computed in
-    float32 (reduced too), and the loss is returned in the embeddings' dtype, as PML's losses
-    return it (a float32 value above 65504 becomes ``inf`` in float16). ``alpha`` or ``lam`` so
+    float32 (reduced too), and the loss is returned in float32 under ``torch.autocast`` and in
+    the embeddings' dtype outside it, as PML's losses return it (a float32 value above 65504 becomes ``inf`` in float16). ``alpha`` or ``lam`` so
     large that the loss overflows the compute dtype raise ``ValueError`` naming them; any finite
     ``Tn``/``Tp`` works.
 
@@ -221,14 +221,13 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         self_index=None,
     ):
         """PML's ``forward`` (plus ``self_index``, see
-        :class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`), returning the loss in the
-        embeddings' dtype when they are float16/bfloat16 (computed and reduced in float32)."""
+        :class:`~pml_rank_plugins.losses.self_index.SelfIndexForward`). Computed and reduced in
+        float32 for float16/bfloat16 embeddings; returned in float32 under ``torch.autocast``
+        (as PML's losses), else in the embeddings' dtype (``loss_output.loss_dtype``)."""
         loss = super().forward(
             embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=self_index
         )
-        if isinstance(embeddings, torch.Tensor) and embeddings.dtype in HALF_DTYPES:
-            return loss.to(embeddings.dtype)
-        return loss
+        return finish_loss(loss, embeddings, self)
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
         check_loss_labels(labels, ref_labels)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.backend import checks_values, resolve_backend
-from ..functional.validation import check_labels
+from ..functional.validation import check_labels, check_ref_labels_pairing
 from ..utils.loss_and_miner_utils import check_self_index
 
 
@@ -53,6 +53,7 @@ class SelfIndexForward:
         """
         check_labels(labels, "labels")  # before PML's own checks, which assume tensors
         check_labels(ref_labels, "ref_labels")
+        check_ref_labels_pairing(ref_emb, ref_labels)  # PML would drop ref_labels silently
         if self_index is None:
             return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         if ref_emb is None or ref_labels is None or labels is None:

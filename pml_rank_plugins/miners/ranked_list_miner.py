@@ -16,7 +16,12 @@ from ..functional.ranked_list import (
     negative_weights,
 )
 from ..functional.ranked_list_chunked import chunked_ranked_list_mining
-from ..functional.validation import check_labels, prepare_embeddings
+from ..functional.validation import (
+    check_label_values,
+    check_labels,
+    check_ref_labels_pairing,
+    prepare_embeddings,
+)
 from ..utils.loss_and_miner_utils import (
     WeightedPairs,
     check_chunk_size,
@@ -143,6 +148,7 @@ class RankedListMiner(BaseMiner):
             raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
         check_labels(labels, "labels")  # before PML's own checks, which assume tensors
         check_labels(ref_labels, "ref_labels")
+        check_ref_labels_pairing(ref_emb, ref_labels)  # PML would drop ref_labels silently
         if self_index is None:
             return super().forward(embeddings, labels, ref_emb, ref_labels)
         if ref_emb is None or ref_labels is None:
@@ -169,6 +175,9 @@ class RankedListMiner(BaseMiner):
         check_labels(ref_labels, "ref_labels")
         backend = resolve_backend(embeddings.device, self.backend)
         values = checks_values(backend, self.check_values)
+        if values:  # NaN / inf / fractional labels: reads float labels back
+            check_label_values(labels, "labels")
+            check_label_values(ref_labels, "ref_labels")
         if self_index is not None:
             self_index = check_self_index(self_index, labels, ref_labels, check_values=values)
         # Under torch.autocast the distance product would run in low precision: mine in float32.

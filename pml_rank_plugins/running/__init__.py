@@ -27,6 +27,7 @@ from .evaluate import evaluate_run, read_run_config
 from .load import LoadedRun, embed, embeddings_files, load_run, save_embeddings
 from .mlrc import evaluate_mlrc, train_mlrc
 from .nonfinite import NonFiniteCheck, NonFiniteError
+from .own_images import EvalTransform, ImageFiles, find_images, image_dataset
 from .pool import FAILED_FILE, Job, execute, is_failed, make_jobs, run_job
 from .run_folder import (
     DiskFullError,
@@ -55,6 +56,8 @@ __all__ = [
     "atomic_torch_save",
     "barrier",
     "choose_checkpoint",
+    "EvalTransform",
+    "ImageFiles",
     "embed",
     "embeddings_files",
     "evaluate",
@@ -64,6 +67,8 @@ __all__ = [
     "is_failed",
     "is_main_process",
     "load_checkpoint",
+    "find_images",
+    "image_dataset",
     "load_run",
     "make_jobs",
     "named_timeouts",

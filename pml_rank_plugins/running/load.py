@@ -31,7 +31,7 @@ import torch
 
 from ..experiment import builder
 from ..experiment.spec import RunSpec
-from ..experiment.transforms import collate_for
+from ..experiment.transforms import build_transforms, collate_for
 from .checkpoints import (
     WEIGHTS_KEYS,
     CheckpointError,
@@ -42,6 +42,7 @@ from .checkpoints import (
     rng_state,
     set_rng_state,
 )
+from .own_images import EvalTransform
 from .run_folder import RunFolderError, disk_full_as_error
 
 CHECKPOINTS = ("best", "latest")
@@ -57,7 +58,10 @@ class LoadedRun:
     the run's ``config.yaml`` as saved (``data_root`` replaced when :func:`load_run` was given
     one); ``checkpoint`` is the file whose weights were loaded and ``epoch`` its epoch (1-based);
     ``datasets`` is ``{split name: dataset}`` built from the config, every split with the
-    evaluation transforms; ``run_dir`` is the run folder.
+    evaluation transforms; ``run_dir`` is the run folder; ``eval_transform`` maps a PIL image to
+    the model's input as the run's evaluation did (:class:`~.own_images.EvalTransform`: the
+    datasets' PIL mode, then ``transforms.eval`` or the built-in conversion), e.g.
+    ``loaded.eval_transform(PIL.Image.open("photo.jpg"))``.
     """
 
     trunk: torch.nn.Module
@@ -68,6 +72,7 @@ class LoadedRun:
     device: torch.device
     datasets: dict
     run_dir: Path
+    eval_transform: EvalTransform | None = None
 
 
 def load_run(
@@ -111,7 +116,27 @@ def load_run(
     load_state_dicts(exp.models, ckpt["models"])
     trunk, embedder = exp.models["trunk"].eval(), exp.models["embedder"].eval()
     epoch = int(ckpt["epoch"])
-    return LoadedRun(trunk, embedder, config, path, epoch, exp.device, exp.datasets, run_dir)
+    transform = EvalTransform(
+        _image_mode(exp.datasets), (build_transforms(config) or {}).get("eval")
+    )
+    return LoadedRun(
+        trunk, embedder, config, path, epoch, exp.device, exp.datasets, run_dir, transform
+    )
+
+
+def _image_mode(datasets: Mapping) -> str:
+    """The PIL mode the run's images are loaded in: a dataset's ``mode`` (``ImageListDataset``),
+    else from the channels of the first item (1: ``"L"``, else ``"RGB"``)."""
+    for dataset in datasets.values():
+        mode = getattr(dataset, "mode", None)
+        if isinstance(mode, str):
+            return mode
+    for dataset in datasets.values():
+        if len(dataset):
+            image = dataset[0][0]
+            if isinstance(image, torch.Tensor) and image.ndim == 3:
+                return "L" if image.shape[0] == 1 else "RGB"
+    return "RGB"
 
 
 def _config_and_checkpoint(run_dir: Path, which: str, data_root) -> tuple[RunSpec, Path]:
@@ -144,7 +169,7 @@ def _eval_transforms_everywhere(config: Mapping) -> dict:
 
 def embed(
     loaded: LoadedRun, dataset: torch.utils.data.Dataset | str, batch_size: int = 256
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray] | np.ndarray:
     """Embed ``dataset`` with a loaded run, as the run's tester does.
 
     PML's ``tester.get_all_embeddings`` with the run's ``eval.tester`` (so the same
@@ -154,15 +179,17 @@ def embed(
 
     Args:
         loaded: what :func:`load_run` returned.
-        dataset: a dataset yielding ``(image, label)``, or the name of one of the run's splits
-            (``loaded.datasets[name]``, evaluation transforms).
+        dataset: a dataset yielding ``(image, label)``; an **unlabeled** one yielding ``image``
+            (a tensor) or ``(image,)`` (e.g. ``TensorDataset(images)``, or
+            :class:`~.own_images.ImageFiles` with ``loaded.eval_transform``); or the name of one
+            of the run's splits (``loaded.datasets[name]``, evaluation transforms).
         batch_size: images per forward pass (BatchNorm is in eval mode: it changes nothing but
             the float rounding).
 
     Returns:
         ``(embeddings, labels)``: float32 ``(N, D)`` (rows of norm 1 under the default tester)
         and the labels ``(N, L)`` in dataset order (``(N, 2)`` for this package's datasets:
-        column 0 the class, column 1 the category).
+        column 0 the class, column 1 the category). An unlabeled dataset: ``embeddings`` only.
 
     Raises:
         ValueError: ``dataset`` names no split of the run (the message lists them), or
@@ -179,12 +206,35 @@ def embed(
         where = "dataset"
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
+    unlabeled = len(dataset) > 0 and _is_unlabeled(dataset[0])
+    if unlabeled:  # PML's tester unpacks (image, label): give every item a label 0
+        dataset = _WithDummyLabels(dataset)
     tester = builder.build_tester(loaded.config, loaded.device)
     tester.batch_size = batch_size
     emb, labels = tester.get_all_embeddings(
         dataset, loaded.trunk, loaded.embedder, collate_fn=collate_for(dataset, where)
     )
-    return emb.float().cpu().numpy(), labels.cpu().numpy()
+    emb = emb.float().cpu().numpy()
+    return emb if unlabeled else (emb, labels.cpu().numpy())
+
+
+def _is_unlabeled(item) -> bool:
+    return isinstance(item, torch.Tensor) or (isinstance(item, (tuple, list)) and len(item) == 1)
+
+
+class _WithDummyLabels(torch.utils.data.Dataset):
+    """``(image, 0)`` for each item of an unlabeled dataset (a tensor or a 1-tuple)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        item = self.dataset[index]
+        image = item if isinstance(item, torch.Tensor) else item[0]
+        return image, torch.zeros((), dtype=torch.long)
 
 
 def embeddings_files(out: str | Path) -> list[Path]:
@@ -211,12 +261,19 @@ def embeddings_files(out: str | Path) -> list[Path]:
 
 
 def save_embeddings(
-    out: str | Path, embeddings: np.ndarray, labels: np.ndarray, **metadata: str
+    out: str | Path,
+    embeddings: np.ndarray,
+    labels: np.ndarray | None,
+    *,
+    paths: list[str] | None = None,
+    **metadata: str,
 ) -> list[Path]:
     """Write what :func:`embed` returned to ``out`` (``.npz`` or ``.npy``); atomic per file.
 
-    ``.npz``: keys ``embeddings``, ``labels`` and one string per ``metadata`` keyword (e.g.
-    ``split``, ``run_dir``, ``checkpoint``), readable with ``np.load(out)`` (no pickle).
+    ``.npz``: keys ``embeddings``, ``labels`` (unless ``None``), ``paths`` (when given: one
+    string per row, e.g. the image files of ``pml-rank embed --images``) and one string per
+    ``metadata`` keyword (e.g. ``split``, ``run_dir``, ``checkpoint``), readable with
+    ``np.load(out)`` (no pickle).
     ``.npy``: ``FILE.npy`` (embeddings) and ``FILE_labels.npy`` (no metadata). Each file is
     written to a temporary file in the same folder, then renamed over its target: a failed
     write leaves neither a temporary nor a half-written file.
@@ -225,14 +282,22 @@ def save_embeddings(
         The files written (:func:`embeddings_files`).
 
     Raises:
-        ValueError: ``out`` cannot be written (see :func:`embeddings_files`).
+        ValueError: ``out`` cannot be written (see :func:`embeddings_files`), or ``paths`` /
+            no ``labels`` with a ``.npy`` output (write a ``.npz``).
         OSError: the write failed (the message names ``out``).
     """
     files = embeddings_files(out)
     if files[0].suffix == ".npz":
-        meta = {k: np.asarray(str(v)) for k, v in metadata.items()}
-        parts = [lambda f: np.savez(f, embeddings=embeddings, labels=labels, **meta)]
+        arrays = {k: np.asarray(str(v)) for k, v in metadata.items()}
+        arrays["embeddings"] = embeddings
+        if labels is not None:
+            arrays["labels"] = labels
+        if paths is not None:
+            arrays["paths"] = np.asarray([str(p) for p in paths], dtype=str)
+        parts = [lambda f: np.savez(f, **arrays)]
     else:
+        if paths is not None or labels is None:
+            raise ValueError(f"{out}: embeddings with paths (or without labels) go to a .npz")
         parts = [lambda f: np.save(f, embeddings), lambda f: np.save(f, labels)]
     temps: list[Path] = []
     try:

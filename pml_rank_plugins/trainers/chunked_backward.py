@@ -52,10 +52,10 @@ import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.distributed as dist
 
 from ..functional.validation import check_int
-from ._dist import rank, world_size
+from ..utils.distributed import all_gather_rows
+from ._dist import rank, world_size  # noqa: F401  (rank: one definition, re-exported)
 
 
 def _check_chunk_size(chunk_size) -> int:
@@ -91,23 +91,6 @@ def _set_rng_state(state) -> None:
     torch.set_rng_state(cpu)
     if cuda is not None:
         torch.cuda.set_rng_state_all(cuda)
-
-
-def all_gather_rows(local: torch.Tensor) -> tuple[torch.Tensor, slice]:
-    """Concatenate every rank's rows (shards may differ in length); returns the global tensor
-    (not differentiable) and the slice of the local rows in it."""
-    world = world_size()
-    if world == 1:
-        return local, slice(0, len(local))
-    sizes = [torch.zeros(1, dtype=torch.long, device=local.device) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([len(local)], device=local.device))
-    sizes = [int(s) for s in sizes]
-    padded = local.new_zeros((max(sizes), *local.shape[1:]))
-    padded[: len(local)] = local
-    gathered = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(gathered, padded)
-    start = sum(sizes[: rank()])
-    return torch.cat([g[:n] for g, n in zip(gathered, sizes)]), slice(start, start + len(local))
 
 
 class ChunkedEmbedding:

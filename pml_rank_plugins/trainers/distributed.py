@@ -42,8 +42,8 @@ from typing import Any
 import torch
 from pytorch_metric_learning.trainers import MetricLossOnly
 
+from ..utils.distributed import all_gather_with_grad
 from ._dist import is_initialized, rank, world_size
-from .chunked_backward import all_gather_rows
 from .chunked_metric_loss_only import ChunkedMetricLossOnly
 
 AMP_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -63,34 +63,6 @@ __all__ = [
     "world_size",
     "wrap_ddp",
 ]
-
-
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; backward multiplies the incoming gradient by ``factor``."""
-
-    @staticmethod
-    def forward(ctx, x, factor: float):
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.factor, None
-
-
-def all_gather_with_grad(local: torch.Tensor) -> torch.Tensor:
-    """Every rank's rows, in rank order, with this rank's rows differentiable.
-
-    ``local``: (n_r, ...) on rank r; returns (sum_r n_r, ...). The gradient reaching ``local`` is
-    multiplied by the world size ``R`` (see the module docstring: DDP's averaging then yields the
-    single-process gradient). One process: ``local`` itself. Cost: one all-gather of the rows.
-    """
-    world = world_size()
-    if world == 1:
-        return local
-    gathered, rows = all_gather_rows(local.detach())
-    scaled = _ScaleGrad.apply(local, float(world))
-    return torch.cat([gathered[: rows.start], scaled, gathered[rows.stop :]])
 
 
 def local_slice(n: int) -> slice:

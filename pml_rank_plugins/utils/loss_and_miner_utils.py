@@ -34,6 +34,7 @@ from ..functional.euclidean import euclidean_distances
 from ..functional.soft_histogram import pair_categories
 from ..functional.validation import (
     check_int,
+    check_label_values,
     check_labels,
     normalize_rows,
     validate_indices_tuple,
@@ -355,7 +356,8 @@ def takes_self_index(*methods) -> bool:
 
 def check_loss_labels(labels: torch.Tensor | None, ref_labels: torch.Tensor | None) -> None:
     """The label checks every loss of this package runs first: labels given (PML's rule), ref
-    labels given with ``ref_emb``, and neither a bool mask (:func:`check_labels`).
+    labels given with ``ref_emb``, neither a bool mask (:func:`check_labels`), and float labels
+    that are class ids (no NaN, inf or fraction: :func:`check_label_values`).
 
     Raises:
         ValueError: naming the missing or bool argument.
@@ -365,3 +367,7 @@ def check_loss_labels(labels: torch.Tensor | None, ref_labels: torch.Tensor | No
         raise ValueError("ref_labels are required with ref_emb")
     check_labels(labels, "labels")
     check_labels(ref_labels, "ref_labels")
+    # Value checks read float labels back to the host: the GPU backends gate this
+    # (backend.checks_values) at merge.
+    check_label_values(labels, "labels")
+    check_label_values(ref_labels, "ref_labels")
