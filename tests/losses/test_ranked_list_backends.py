@@ -13,6 +13,7 @@ from pml_rank_plugins.functional.backend import ENV_VAR, triton_available, use_b
 from pml_rank_plugins.losses import CrossBatchMemory, RankedListLoss
 from pml_rank_plugins.miners import RankedListMiner
 from pml_rank_plugins.utils.op_count import OpCounter
+from tests.conftest import TEST_DEVICE
 
 # The budget for RankedList forward + backward (PML's own RankedListLoss: 145).
 OP_BUDGET = 140
@@ -216,7 +217,11 @@ def test_empty_batch_and_autocast_dtype_as_cpu():
     x, labels = data(n=8, dtype=torch.float32)
     loss = RankedListLoss(backend="gpu")(x[:0].requires_grad_(), labels[:0])
     assert loss.item() == 0.0
+    values = {}
     for b in ("gpu", "cpu"):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        # float32 under autocast, like PML's losses (losses/loss_output.py); both backends alike
+        with torch.autocast(TEST_DEVICE.type, dtype=torch.bfloat16):
             out = RankedListLoss(backend=b)(x.bfloat16(), labels)
-        assert out.dtype == torch.bfloat16
+        assert out.dtype == torch.float32
+        values[b] = out.item()
+    assert values["gpu"] == pytest.approx(values["cpu"], rel=1e-5)
