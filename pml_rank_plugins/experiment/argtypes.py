@@ -32,6 +32,7 @@ _SEQUENCES = {"list", "List", "tuple", "Tuple", "set", "Set", "frozenset", "Froz
 _SEQUENCE_ABCS = {"Sequence", "MutableSequence", "Iterable", "Collection", "AbstractSet"}
 _MAPPINGS = {"dict", "Dict", "Mapping", "MutableMapping", "OrderedDict"}
 _PATHS = {"Path", "PurePath", "PathLike"}
+_ARRAYS = {"Tensor", "ndarray"}
 # An annotation node: (name, args) with args None for a bare name, or ("|", [arms]).
 Node = tuple
 
@@ -130,6 +131,8 @@ def fits(value: Any, node: Node) -> bool | None:
         return _fits_sequence(value, base, args)
     if base in _MAPPINGS:
         return isinstance(value, dict)
+    if base in _ARRAYS and isinstance(value, str):
+        return False  # a tensor's place: numbers and lists may be converted, text never
     return None  # a class we do not know (Tensor, Distance, ...), Any, Literal...
 
 
@@ -175,7 +178,7 @@ def argument_problem(param: inspect.Parameter, value: Any) -> str | None:
         answer = fits(value, node)
         if answer is False:
             text = param.annotation if isinstance(param.annotation, str) else None
-            text = text or inspect.formatannotation(param.annotation)
+            text = (text or inspect.formatannotation(param.annotation)).strip("'\"")
             hint = ""
             if isinstance(value, bool):
                 hint = f" (YAML true/false is a boolean, which Python would read as {int(value)})"

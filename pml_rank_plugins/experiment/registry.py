@@ -402,10 +402,13 @@ def accepted_keywords(obj: Callable) -> set[str] | None:
     return {p.name for p in params}
 
 
-def check_keywords(obj: Callable, kwargs: dict, where: str = "") -> None:
+def check_keywords(
+    obj: Callable, kwargs: dict, where: str = "", name: str | None = None
+) -> None:
     """Raise ``TypeError`` naming the bad keyword(s), close matches and ``obj``'s signature;
     :class:`ConfigError` naming ``where.Name.key`` for a value of a type the class rules out
-    (:func:`~pml_rank_plugins.experiment.argtypes.check_argument_types`)."""
+    (:func:`~pml_rank_plugins.experiment.argtypes.check_argument_types`); ``name``: the class as
+    the config spells it (``plugin:FastAPLoss``), else its ``__name__``."""
     accepted = accepted_keywords(obj)
     bad = [k for k in kwargs if k not in accepted] if accepted is not None else []
     if bad:
@@ -418,6 +421,6 @@ def check_keywords(obj: Callable, kwargs: dict, where: str = "") -> None:
             f"{getattr(obj, '__name__', obj)}{loc}: unexpected keyword(s) {', '.join(hints)}; "
             f"signature: {signature_text(obj)}"
         )
-    name = getattr(obj, "__name__", str(obj))
+    name = name or getattr(obj, "__name__", str(obj))
     where = f"{where}.{name}" if where else name
     check_argument_types(_init_params(obj), kwargs, where, ConfigError)

@@ -250,7 +250,7 @@ def optuna_object(spec: Any, module: Any, where: str) -> Any:
         names = sorted(n for n in dir(module) if n[0].isupper() and not n.startswith("Base"))
         raise ConfigError(f"{where}: {name!r} is not one of {module.__name__}: {names}")
     try:  # a keyword of the wrong type (gamma: x) builds, and only fails every trial: refuse it
-        registry.check_keywords(cls, dict(kwargs or {}), where)
+        registry.check_keywords(cls, dict(kwargs or {}), where, str(name))
         return cls(**(kwargs or {}))
     except ConfigError:
         raise
