@@ -22,8 +22,8 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from . import builder
-from .schema import ConfigError, apply_set, expand_methods, load_yaml, parse_set
+from . import builder, schema
+from .schema import ConfigError, apply_set, expand_methods, parse_set
 from .search_space import tune_section
 from .spec import RunSpec
 
@@ -137,7 +137,7 @@ def collect_methods(
         if isinstance(item, Mapping):
             where, raw, stem = f"config dict #{i}", copy.deepcopy(dict(item)), f"config{i}"
         else:
-            where, raw, stem = str(item), load_yaml(item), Path(item).stem
+            where, raw, stem = str(item), schema.load_yaml(item), Path(item).stem
         expanded = expand_methods(raw, default_name=stem)
         check_shared_tune(raw)
         for cfg in expanded.values():
