@@ -402,9 +402,7 @@ def accepted_keywords(obj: Callable) -> set[str] | None:
     return {p.name for p in params}
 
 
-def check_keywords(
-    obj: Callable, kwargs: dict, where: str = "", name: str | None = None
-) -> None:
+def check_keywords(obj: Callable, kwargs: dict, where: str = "", name: str | None = None) -> None:
     """Raise ``TypeError`` naming the bad keyword(s), close matches and ``obj``'s signature;
     :class:`ConfigError` naming ``where.Name.key`` for a value of a type the class rules out
     (:func:`~pml_rank_plugins.experiment.argtypes.check_argument_types`); ``name``: the class as
