@@ -48,7 +48,7 @@ def check_labels(labels: torch.Tensor, name: str = "labels") -> None:
         )
     if isinstance(labels, torch.Tensor) and labels.ndim == 0:
         raise ValueError(
-            f"{name} must have shape (N,), one class id per embedding; got a 0-D (scalar) " "tensor"
+            f"{name} must have shape (N,), one class id per embedding; got a 0-D (scalar) tensor"
         )
     if isinstance(labels, torch.Tensor) and labels.dtype == torch.bool:
         raise ValueError(
