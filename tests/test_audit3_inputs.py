@@ -90,12 +90,47 @@ def test_yaml_true_for_a_number_is_refused(tmp_path, capsys):
 
 def test_config_device_is_checked_up_front(tmp_path, capsys):
     path = write(tmp_path, one_method(device="cuda:7"))
-    for command in ("train", "compare", "tune"):
-        assert main([command, path, "--out", str(tmp_path / command)]) == 2
-        one_line(capsys, "device cuda:7", "not available here")
+    messages = set()
+    for command in ("train", "compare", "tune", "check"):
+        out = ["--out", str(tmp_path / command)] if command != "check" else []
+        assert main([command, path, *out]) == 2
+        messages.add(one_line(capsys, "device cuda:7", "not available here", "--device cpu"))
         assert not (tmp_path / command).exists()
-    # `check` builds on the CPU (or --device) whatever the config says
-    assert main(["check", path]) == 0
+    assert len(messages) == 1, messages  # check and train never disagree: one message
+    grid = ["--method", "plugin FastAP", "--grid", "trainer.batch_size=12"]
+    assert main(["sweep", path, *grid, "--out", str(tmp_path / "sweep")]) == 2
+    one_line(capsys, "device cuda:7", "not available here")
+    assert not (tmp_path / "sweep").exists()
+    # --device checks a config written for another machine on this one (the CPU)
+    assert main(["check", path, "--device", "cpu"]) == 0
+
+
+@pytest.fixture
+def one_gpu(monkeypatch):
+    """This machine as one with a single CUDA device (cuda:0), whatever it has."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+
+@pytest.mark.usefixtures("one_gpu")
+def test_check_and_train_refuse_the_same_missing_device(tmp_path, capsys):
+    path = write(tmp_path, one_method())
+    messages = []
+    for command in ("check", "train"):
+        out = ["--out", str(tmp_path / command)] if command == "train" else []
+        assert main([command, path, "--set", "device=cuda:1", *out]) == 2
+        messages.append(one_line(capsys, "device cuda:1", "available: cpu, cuda:0"))
+    assert messages[0] == messages[1]
+    assert not (tmp_path / "train").exists()
+
+
+@pytest.mark.usefixtures("one_gpu")
+def test_check_accepts_a_device_the_machine_has(tmp_path, capsys):
+    path = write(tmp_path, one_method(device="cuda:0"))
+    for device in ("cuda:0", "cuda"):  # passes train's device check; check builds on the CPU
+        assert main(["check", path, "--set", f"device={device}"]) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["text", "random", "truncated", "directory", "zero_header"])
@@ -156,3 +191,66 @@ def test_every_failed_trial_makes_tune_exit_1(tmp_path, capsys):
     path = write(tmp_path, cfg)
     assert main(["tune", path, "--out", str(tmp_path / "t"), "--trials", "1"]) == 1
     assert "no complete trial" in capsys.readouterr().err
+
+
+def scalar_label_calls():
+    """Every loss of ours (with and without chunking and gallery gradient) and the miner, each
+    given a 0-D label tensor as ``labels`` or as ``ref_labels``."""
+    import torch
+
+    from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss, RankedListLoss
+    from pml_rank_plugins.miners import RankedListMiner
+
+    objects = {
+        "FastAP": lambda: FastAPLoss(num_bins=5),
+        "FastAP chunked": lambda: FastAPLoss(num_bins=5, chunk_size=1),
+        "mAP_Q": lambda: QuantizedAPLoss(num_bins=5),
+        "mAP_Q chunked": lambda: QuantizedAPLoss(num_bins=5, chunk_size=1),
+        "RankedList": lambda: RankedListLoss(),
+        "RankedList chunked": lambda: RankedListLoss(chunk_size=1),
+        "RankedList gallery": lambda: RankedListLoss(gallery_gradient=True),
+        "RankedList gallery chunked": lambda: RankedListLoss(gallery_gradient=True, chunk_size=1),
+        "RankedListMiner": lambda: RankedListMiner(),
+    }
+    emb = torch.randn(6, 4, requires_grad=True)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    scalar = torch.tensor(3)
+    calls = {
+        "labels": lambda f: f(emb, scalar),
+        "ref_labels": lambda f: f(emb, labels, ref_emb=emb.detach(), ref_labels=scalar),
+    }
+    return [
+        pytest.param(make, call, arg, id=f"{name}-{arg}")
+        for name, make in objects.items()
+        for arg, call in calls.items()
+    ]
+
+
+@pytest.mark.parametrize("make, call, argument", scalar_label_calls())
+def test_scalar_labels_name_the_argument_and_the_expected_shape(make, call, argument):
+    # was IndexError: tuple index out of range, from deep inside PML
+    with pytest.raises(ValueError, match=rf"^{argument} must have shape \(N,\).*0-D"):
+        call(make())
+
+
+@pytest.mark.parametrize(
+    "assignment, key",
+    [
+        ("data_root=5", "data_root: expected a folder path"),
+        ("mining_funcs.tuple_miner={TripletMarginMiner: {margin: x}}", "margin: expected a number"),
+        ("dataset.GlyphDataset.image_size=x", "dataset.GlyphDataset.image_size: expected int"),
+        ("tune.space=x", "tune.space: expected a mapping"),
+    ],
+)
+def test_every_command_refuses_what_check_refuses(tmp_path, capsys, assignment, key):
+    path = write(tmp_path, one_method())
+    grid = ["--method", "plugin FastAP", "--grid", "trainer.batch_size=12"]
+    messages = set()
+    for command, extra in [("check", []), ("train", []), ("compare", []), ("tune", [])] + [
+        ("sweep", grid)
+    ]:
+        out = [] if command == "check" else ["--out", str(tmp_path / command)]
+        assert main([command, path, "--set", assignment, *out, *extra]) == 2, command
+        messages.add(one_line(capsys, key))
+        assert not (tmp_path / command).exists()
+    assert len(messages) == 1, messages

@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import logging
 
-from .base import Command, config_paths, data_root, load, methods
+from .base import Command, check_config_devices, config_paths, data_root, load, methods
 from .options import CONFIGS_HELP, add_common, add_methods
 
 __all__ = ["Check"]
@@ -14,7 +14,9 @@ __all__ = ["Check"]
 
 class Check(Command):
     """Build every selected method of CONFIG... on ``--device`` (or the CPU); print one line per
-    method (or config) saying what was built."""
+    method (or config) saying what was built. Without ``--device`` each method's ``device:`` must
+    exist on this machine, as ``train`` requires (``--device cpu`` checks a config written for
+    another machine)."""
 
     name = "check"
     help = (
@@ -32,9 +34,19 @@ class Check(Command):
         from ..running import repeated_logs_once
 
         paths = [str(p) for p in config_paths(args.configs)]  # builds on --device or the CPU
-        with repeated_logs_once(), quiet_optuna():  # "metric_loss has no parameters" once
+
+        def devices(selected: dict) -> None:  # train's own device check: the two never disagree
+            check_config_devices(args, selected)
+
+        with repeated_logs_once(), quiet_optuna():  # "metric_loss has no parameters" once, with a count
             lines = load(
-                check_configs, paths, args.overrides, methods(args), args.device, data_root(args)
+                check_configs,
+                paths,
+                args.overrides,
+                methods(args),
+                args.device,
+                data_root(args),
+                before=devices,
             )
         for line in lines:
             print(line)

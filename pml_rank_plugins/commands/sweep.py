@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from .base import Command, config_paths, data_root, load, pick, report_failures
+from .base import (
+    Command,
+    check_config_devices,
+    config_paths,
+    data_root,
+    load,
+    pick,
+    report_failures,
+)
 from .compare import RUN_OPTIONS
 from .options import CONFIG_HELP, add_common, add_resume, add_stats
 
@@ -54,6 +62,7 @@ class Sweep(Command):
         prepared = load(
             prepare_sweep, path, args.method, args.grid, args.overrides, args.reference, root
         )
+        check_config_devices(args, prepared[3])  # every cell's device, as train checks it
         summary = run_sweep(
             path,
             args.method,

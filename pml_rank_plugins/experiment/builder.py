@@ -104,7 +104,7 @@ def build_optimizers(config: dict, models: dict, losses: dict) -> dict:
         name, kwargs = spec_name_and_kwargs(spec, f"optimizers.{key}")
         cls = registry.resolve(name, f"optimizers.{key}")
         kwargs = instantiate(kwargs, f"optimizers.{key}.{name}")
-        registry.check_keywords(cls, {"params": None, **kwargs}, f"optimizers.{key}")
+        registry.check_keywords(cls, {"params": None, **kwargs}, f"optimizers.{key}", name)
         out[key] = call_named(f"optimizers.{key}", name, cls, params, **kwargs)
     return out
 
@@ -166,7 +166,7 @@ def build_tester(config: Mapping, device: torch.device, end_of_testing_hook=None
     name, kwargs = spec_name_and_kwargs(tester_spec, "eval.tester")
     cls = registry.resolve(name, "eval.tester")
     kwargs = instantiate(kwargs, f"eval.tester.{name}")
-    registry.check_keywords(cls, kwargs, "eval.tester")
+    registry.check_keywords(cls, kwargs, "eval.tester", name)
     values.check_tester(name, kwargs)
     calc = kwargs.pop("accuracy_calculator", None) or make_accuracy_calculator(
         metrics=list(ev.metrics), recall_at_k=list(ev.recall_at_k), k=ev.k, device=device
@@ -242,7 +242,7 @@ def build_experiment(
         scaled.parse_amp(amp)
     except ValueError as e:
         raise ConfigError(f"trainer.{tname}.{e}") from None
-    registry.check_keywords(trainer_cls, tkwargs, "trainer")
+    registry.check_keywords(trainer_cls, tkwargs, "trainer", tname)
     if "collate_fn" in _named_params(trainer_cls):  # unequal image sizes: name the transform key
         tkwargs.setdefault("collate_fn", collate_for(datasets["train"], "train split"))
     seed_everything(seed)  # model init must not depend on how much randomness the data used

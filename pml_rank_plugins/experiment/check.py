@@ -13,7 +13,7 @@ is run). Models are built on the CPU unless ``device`` says otherwise.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -72,15 +72,16 @@ def check_method(name: str, config: RunSpec | Mapping, device: str | None = None
     summary line."""
     dev = device or "cpu"
     spec = RunSpec.of(config)
-    if spec.get("tune"):  # the search space and budget `pml-rank tune` would use
-        check_tune_config(spec.config, name, require=False)
-        check_space_values(spec.config, name)
     all_folds = spec.protocol.all_folds
     run = spec.fold(0) if all_folds else spec
     cfg = run.config
+    # the method itself first: its own mistakes are named as such, not blamed on the space
     exp = builder.build_experiment(run, dev)
     builder.build_tester(run, exp.device)
     builder.make_trainer(exp)
+    if spec.get("tune"):  # the search space and budget `pml-rank tune` would use
+        check_tune_config(spec.config, name, require=False)
+        check_space_values(spec.config, name, exp.datasets["train"])
     if all_folds:
         folds = [exp.datasets] + [
             build_splits(spec.fold(k), exp.seed) for k in range(1, spec.protocol.num_folds)
@@ -119,15 +120,19 @@ def check_configs(
     methods: Sequence[str] | None = None,
     device: str | None = None,
     data_root: str | None = None,
+    before: Callable[[dict[str, RunSpec]], None] | None = None,
 ) -> list[str]:
     """``== path`` then one summary line per method, for every config file (raises on the first
     broken method). Dataset sizes read ``items/classes c``. ``data_root``: as in
-    :func:`~pml_rank_plugins.experiment.collect_methods`."""
+    :func:`~pml_rank_plugins.experiment.collect_methods`. ``before``: called with each file's
+    selected specs before anything is built (the CLI's device check, the one ``train`` applies)."""
     lines = []
     for path in config_paths:
         lines.append(f"== {path}")
         selected = collect_methods([path], overrides, None, data_root)
         if methods:
             selected = {m: c for m, c in selected.items() if m in methods}
+        if before is not None:
+            before(selected)
         lines.extend(check_method(name, cfg, device) for name, cfg in selected.items())
     return lines

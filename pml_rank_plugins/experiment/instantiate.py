@@ -34,7 +34,7 @@ def build_object(spec: Any, where: str, **injected) -> Any:
     name, kwargs = spec_name_and_kwargs(spec, where)
     obj = registry.resolve(name, where)
     kwargs = {k: instantiate(v, f"{where}.{name}.{k}") for k, v in kwargs.items()}
-    registry.check_keywords(obj, kwargs, where)
+    registry.check_keywords(obj, kwargs, where, name)
     accepted = registry.accepted_keywords(obj)
     for k, v in injected.items():
         if k not in kwargs and (accepted is None or k in accepted):

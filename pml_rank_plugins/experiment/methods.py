@@ -22,8 +22,9 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from . import builder
-from .schema import ConfigError, apply_set, expand_methods, load_config, parse_set
+from . import builder, schema
+from .schema import ConfigError, apply_set, expand_methods, parse_set
+from .search_space import tune_section
 from .spec import RunSpec
 
 # Characters a folder name keeps; every run of other characters becomes one ``_``.
@@ -134,14 +135,14 @@ def collect_methods(
     root_set = any(path == ["data_root"] for path, _ in sets)
     for i, item in enumerate(configs):
         if isinstance(item, Mapping):
-            where = f"config dict #{i}"
-            expanded = expand_methods(copy.deepcopy(dict(item)), default_name=f"config{i}")
-            for cfg in expanded.values():
-                for p, v in sets:
-                    apply_set(cfg, p, copy.deepcopy(v))
+            where, raw, stem = f"config dict #{i}", copy.deepcopy(dict(item)), f"config{i}"
         else:
-            where = str(item)
-            expanded = load_config(item, overrides, check=False)
+            where, raw, stem = str(item), schema.load_yaml(item), Path(item).stem
+        expanded = expand_methods(raw, default_name=stem)
+        check_shared_tune(raw)
+        for cfg in expanded.values():
+            for p, v in sets:
+                apply_set(cfg, p, copy.deepcopy(v))
         for name, cfg in expanded.items():
             if data_root is not None and not root_set:
                 cfg["data_root"] = str(data_root)
@@ -154,7 +155,19 @@ def collect_methods(
             raise ValueError(f"--methods: unknown {missing}; have {list(out)}")
         out = {m: out[m] for m in methods}
     check_folders(out)
-    return {name: RunSpec.parse(cfg) for name, cfg in out.items()}
+    specs = {name: RunSpec.parse(cfg) for name, cfg in out.items()}
+    for name, spec in specs.items():  # train/compare/sweep refuse a malformed tune, as tune does
+        tune_section(spec.config, f"method {name!r}: tune")
+    return specs
+
+
+def check_shared_tune(raw: Mapping) -> None:
+    """The top-level ``tune`` section of a file with ``methods:``, checked as a section of its
+    own (:func:`~pml_rank_plugins.experiment.search_space.tune_section`: keys, trials, every
+    space entry, the sampler/pruner form), so a part every method overrides (``space: x`` beside
+    each method's own space) is refused rather than silently ignored."""
+    if isinstance(raw, Mapping) and raw.get("methods") and raw.get("tune") is not None:
+        tune_section(raw, "tune")
 
 
 def collected(configs: object) -> bool:

@@ -74,6 +74,8 @@ from .allowlist import (  # noqa: F401 -- re-exported: registry.allow_modules is
     is_under,
     is_under_cached,
 )
+from .argtypes import check_argument_types
+from .errors import ConfigError
 
 _USER: dict[str, Callable] = {}
 
@@ -400,12 +402,13 @@ def accepted_keywords(obj: Callable) -> set[str] | None:
     return {p.name for p in params}
 
 
-def check_keywords(obj: Callable, kwargs: dict, where: str = "") -> None:
-    """Raise ``TypeError`` naming the bad keyword(s), close matches and ``obj``'s signature."""
+def check_keywords(obj: Callable, kwargs: dict, where: str = "", name: str | None = None) -> None:
+    """Raise ``TypeError`` naming the bad keyword(s), close matches and ``obj``'s signature;
+    :class:`ConfigError` naming ``where.Name.key`` for a value of a type the class rules out
+    (:func:`~pml_rank_plugins.experiment.argtypes.check_argument_types`); ``name``: the class as
+    the config spells it (``plugin:FastAPLoss``), else its ``__name__``."""
     accepted = accepted_keywords(obj)
-    if accepted is None:
-        return
-    bad = [k for k in kwargs if k not in accepted]
+    bad = [k for k in kwargs if k not in accepted] if accepted is not None else []
     if bad:
         hints = []
         for k in bad:
@@ -416,35 +419,6 @@ def check_keywords(obj: Callable, kwargs: dict, where: str = "") -> None:
             f"{getattr(obj, '__name__', obj)}{loc}: unexpected keyword(s) {', '.join(hints)}; "
             f"signature: {signature_text(obj)}"
         )
-    _check_no_bool_for_numbers(obj, kwargs, where)
-
-
-# A YAML `true` where a class declares a number would be read as 1 (``in_channels: true``).
-_NUMBER_ANNOTATIONS = {
-    "int",
-    "float",
-    "int | None",
-    "float | None",
-    "Optional[int]",
-    "Optional[float]",
-    "int | float",
-    "float | int",
-}
-
-
-def _check_no_bool_for_numbers(obj: Callable, kwargs: dict, where: str) -> None:
-    try:
-        params = inspect.signature(obj).parameters
-    except (TypeError, ValueError):
-        return
-    for key, value in kwargs.items():
-        if not isinstance(value, bool) or key not in params:
-            continue
-        ann = params[key].annotation
-        text = ann if isinstance(ann, str) else getattr(ann, "__name__", str(ann))
-        if text in _NUMBER_ANNOTATIONS:
-            loc = f"{where}." if where else ""
-            raise TypeError(
-                f"{loc}{key}: expected a number ({text}), got {str(value).lower()} (YAML "
-                f"true/false is a boolean, which Python would read as {int(value)})"
-            )
+    name = name or getattr(obj, "__name__", str(obj))
+    where = f"{where}.{name}" if where else name
+    check_argument_types(_init_params(obj), kwargs, where, ConfigError)

@@ -370,11 +370,11 @@ def validate(config: dict) -> dict:
         name, kwargs = spec_name_and_kwargs(spec, where)
         obj = registry.resolve(name, where)
         own = {k: v for k, v in kwargs.items() if k not in RUNNER_KWARGS.get(where, ())}
-        registry.check_keywords(obj, own, where)
+        registry.check_keywords(obj, own, where, name)
         _check_plugin_twin(where, name, obj, kwargs)
         for w, n, kw in _walk_specs(kwargs, f"{where}.{name}"):
             inner = registry.resolve(n, w)
-            registry.check_keywords(inner, kw, w)
+            registry.check_keywords(inner, kw, w, n)
             _check_plugin_twin(w, n, inner, kw)
     return config
 

@@ -66,9 +66,13 @@ def _number(value: Any, where: str) -> float:
     except OverflowError:
         ok = False
     if not ok:
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise ConfigError(f"{where}: bounds must be finite numbers, got {shown}")
+        raise ConfigError(f"{where}: bounds must be finite numbers, got {_shown(value)}")
     return value
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse_param(path: str, spec: Any, where: str) -> Param:
@@ -151,13 +155,19 @@ def tune_section(config: Mapping, where: str = "tune") -> dict:
         raise ConfigError(f"{where}: expected a mapping with keys {sorted(TUNE_KEYS)}")
     unknown = set(section) - TUNE_KEYS
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; allowed {sorted(TUNE_KEYS)}")
+        raise ConfigError(
+            f"{where}: unknown key(s) {sorted(map(str, unknown))}; allowed {sorted(TUNE_KEYS)}"
+        )
     trials = section.get("trials", DEFAULT_TRIALS)
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise ConfigError(f"{where}.trials: expected an integer >= 1, got {trials!r}")
-    space = section.get("space") or {}
+    space = section.get("space")
+    space = {} if space is None else space
     if not isinstance(space, Mapping):
-        raise ConfigError(f"{where}.space: expected {{key.path: {{int|float|choice: ...}}}}")
+        raise ConfigError(
+            f"{where}.space: expected a mapping {{key.path: {{int|float|choice: ...}}}}, got "
+            f"{type(space).__name__} {_shown(space)}"
+        )
     params = {
         str(path): parse_param(str(path), spec, f"{where}.space.{path}")
         for path, spec in space.items()
@@ -239,8 +249,11 @@ def optuna_object(spec: Any, module: Any, where: str) -> Any:
     if not isinstance(cls, type) or not public or not isinstance(kwargs or {}, Mapping):
         names = sorted(n for n in dir(module) if n[0].isupper() and not n.startswith("Base"))
         raise ConfigError(f"{where}: {name!r} is not one of {module.__name__}: {names}")
-    try:
+    try:  # a keyword of the wrong type (gamma: x) builds, and only fails every trial: refuse it
+        registry.check_keywords(cls, dict(kwargs or {}), where, str(name))
         return cls(**(kwargs or {}))
+    except ConfigError:
+        raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: {name}: {e}") from e
 

@@ -4,11 +4,12 @@
 key, every value a run would otherwise fail on after training started or silently misread: integer
 sizes and counts go through the one integer validator
 (:func:`pml_rank_plugins.functional.validation.check_int`: floats, bools, strings and out-of-range
-values refused); ``eval.test_interval >= 1``, ``eval.patience`` null or ``>= 0``; ``eval.pictures`` (known keys,
-``num_queries`` and ``k`` in 1..``MAX_PICTURE_ROWS``, ``pdf`` a boolean); a known
-``device``; finite optimizer and scheduler numbers. :func:`check_trainer` is also applied by the
-builder to the trainer keywords it passes to PML (``dataloader_num_workers`` included), and
-:func:`check_eval_splits` where the splits are known.
+values refused); ``eval.test_interval >= 1``, ``eval.patience`` null or ``>= 0``;
+``eval.pictures`` (known keys, ``num_queries`` and ``k`` in 1..``MAX_PICTURE_ROWS``, ``pdf`` a
+boolean); a known ``device``; a ``data_root`` that is a path (a string); finite optimizer and
+scheduler numbers. :func:`check_trainer` is also applied by the builder to the trainer keywords it
+passes to PML (``dataloader_num_workers`` included), and :func:`check_eval_splits` where the
+splits are known.
 """
 
 from __future__ import annotations
@@ -65,6 +66,21 @@ def check_device(value: Any, key: str = "device") -> str | None:
         return None
     if not isinstance(value, str) or not DEVICE.match(value):
         raise ConfigError(f"{key}: unknown device {value!r}; use cpu, cuda, cuda:N or mps")
+    return value
+
+
+def check_data_root(value: Any, key: str = "data_root") -> str | None:
+    """A folder path (a non-empty string; None: unset), else :class:`ConfigError` naming
+    ``key``: ``data_root: 5``, ``[1]``, ``true`` or a mapping would be turned into a folder
+    name silently (``str(5)``), or fail only when a relative dataset path is resolved."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        shown = f"{type(value).__name__} {value!r}" if not isinstance(value, str) else repr(value)
+        raise ConfigError(
+            f"{key}: expected a folder path as a string (e.g. data_root: /data, or --data-root "
+            f"/data), got {shown}"
+        )
     return value
 
 
@@ -205,6 +221,7 @@ def check_values(config: dict, tester: tuple[str, dict] | None, trainer: tuple[s
         raise ConfigError(f"name: expected a string, got {config['name']!r}")
     seed_of(config)
     check_device(config.get("device"))
+    check_data_root(config.get("data_root"))
     check_trainer(*trainer)
     split = config.get("split") or {}
     names = split.get("names") if isinstance(split, dict) else None

@@ -38,11 +38,17 @@ def check_labels(labels: torch.Tensor, name: str = "labels") -> None:
     """Raise ``TypeError`` for labels that are not a tensor (a Python list or a numpy array
     failed deep inside PML with ``AttributeError: 'list' object has no attribute 'shape'``) and
     ``ValueError`` for bool labels: a mask passed where class ids belong (PML treats labels as
-    class ids; two "classes" True/False is almost never what was meant). ``None`` passes."""
+    class ids; two "classes" True/False is almost never what was meant), and ``ValueError`` for
+    a 0-D (scalar) tensor, which failed with ``IndexError: tuple index out of range`` (a shape
+    check: no device sync). ``None`` passes."""
     if labels is not None and not isinstance(labels, torch.Tensor):
         raise TypeError(
             f"{name} must be a torch.Tensor of class ids, got {type(labels).__name__}; "
             f"pass torch.as_tensor({name})"
+        )
+    if isinstance(labels, torch.Tensor) and labels.ndim == 0:
+        raise ValueError(
+            f"{name} must have shape (N,), one class id per embedding; got a 0-D (scalar) tensor"
         )
     if isinstance(labels, torch.Tensor) and labels.dtype == torch.bool:
         raise ValueError(

@@ -76,7 +76,7 @@ def test_C2_eval_settings_and_split_names(tmp_path, capsys, key, value, shown):
         (
             "loss_funcs.metric_loss",
             {"plugin:FastAPLoss": {"num_bins": 1e9}},
-            "loss_funcs.metric_loss: plugin:FastAPLoss: num_bins must be an integer",
+            "loss_funcs.metric_loss.plugin:FastAPLoss.num_bins: expected int, got float",
         ),
     ],
 )

@@ -162,7 +162,7 @@ def test_lr_written_1e_3_trains(tmp_path):
 @pytest.mark.parametrize(
     "where, spec, pattern",
     [
-        ("optimizers", {"trunk_optimizer": {"Adam": {"lr": "fast"}}}, r"optimizers\.trunk_optimizer: Adam: "),
+        ("optimizers", {"trunk_optimizer": {"Adam": {"lr": "fast"}}}, r"optimizers\.trunk_optimizer\.Adam\.lr: expected float"),
         ("optimizers", {"trunk_optimizer": {"Adam": {"lr": -1.0}}}, r"optimizers\.trunk_optimizer: Adam: Invalid learning rate"),
         ("lr_schedulers", {"trunk_scheduler_by_epoch": {"StepLR": {"step_size": 1, "last_epoch": 5}}}, r"lr_schedulers\.trunk_scheduler_by_epoch: StepLR: KeyError: .*initial_lr"),
         ("dataset", {"TinyDataset": {"num_classes": -3}}, r"dataset: TinyDataset: "),
