@@ -38,7 +38,10 @@ class Check(Command):
         def devices(selected: dict) -> None:  # train's own device check: the two never disagree
             check_config_devices(args, selected)
 
-        with repeated_logs_once(), quiet_optuna():  # "metric_loss has no parameters" once, with a count
+        with (
+            repeated_logs_once(),
+            quiet_optuna(),
+        ):  # "metric_loss has no parameters" once, with a count
             lines = load(
                 check_configs,
                 paths,
