@@ -35,6 +35,7 @@ exclude_patterns = [
     ".DS_Store",
     "**/.ipynb_checkpoints",
     "study/**",
+    "gpu/**",  # measured files as they came back from a GPU machine (linked from performance.md)
 ]  # study/: data
 
 # MyST: headings get anchors so pages can link to sections (``page.md#section``).

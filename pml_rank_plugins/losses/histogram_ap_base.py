@@ -58,8 +58,8 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     256K scores or 128 rows, whichever is more, up to 4M scores).
 
     Backends (``backend=`` keyword, ``use_backend`` context, ``$PML_RANK_BACKEND``; see
-    :mod:`pml_rank_plugins.functional.backend`): ``cpu`` runs :meth:`_compute_loss` with the
-    CPU kernel; ``gpu`` / ``triton`` run :func:`~.histogram_ap_sync_free.sync_free_loss` (no host
+    ``pml_rank_plugins.functional.backend``): ``cpu`` runs ``_compute_loss`` with the
+    CPU kernel; ``gpu`` / ``triton`` run ``losses.histogram_ap_sync_free.sync_free_loss`` (no host
     sync: every query through the kernel, masked; ``num_valid_queries`` /
     ``num_skipped_queries`` are then 0-dim tensors; value checks only with
     ``check_values=True``). Both disable ``torch.autocast`` and compute in float32.

@@ -93,10 +93,10 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
             Any other value: ``ValueError``. Keyword-only.
         backend: ``None`` (default: the ``use_backend`` context, else ``$PML_RANK_BACKEND``,
             else ``auto``), ``"auto"``, ``"cpu"``, ``"gpu"`` or ``"triton"``
-            (:mod:`pml_rank_plugins.functional.backend`). ``cpu``: the chunked kernel above
+            (``pml_rank_plugins.functional.backend``). ``cpu``: the chunked kernel above
             (sparse mined pairs, CPU-cache chunks). ``gpu``: dense chunks from a fixed memory
             budget, no host synchronisation in forward or backward
-            (:mod:`pml_rank_plugins.functional.ranked_list_gpu`; same values and gradients to
+            (``pml_rank_plugins.functional.ranked_list_gpu``; same values and gradients to
             rounding); ``triton`` runs the ``gpu`` path (no Triton kernel for this family, see
             that module). Keyword-only.
         check_values: read input values back to validate them (finite embeddings, index ranges

@@ -77,7 +77,7 @@ class RankedListMiner(BaseMiner):
         alpha: keyword-only; ``None`` (default): ``1 + margin / 2``, as the loss.
         chunk_size: query rows per chunk (``None``: automatic).
         backend: as :class:`~pml_rank_plugins.losses.RankedListLoss` (``gpu`` / ``triton``:
-            :mod:`pml_rank_plugins.functional.ranked_list_gpu_mining`). A miner returns index
+            ``pml_rank_plugins.functional.ranked_list_gpu_mining``). A miner returns index
             tuples whose lengths depend on the data, so no backend can mine without reading
             back from the device: the ``gpu`` path does it exactly once per call (the pair
             counts, one device-to-host copy), the ``cpu`` path once per chunk and pair kind.
