@@ -182,7 +182,10 @@ def test_value_checks_are_opt_in_on_gpu():
     x[0, 0] = float("nan")
     RankedListLoss(backend="gpu")(x, labels)  # reads no value: no error (the trainer checks)
     # the cpu backend checks values by default (named: auto is the gpu backend on CUDA)
-    for loss_fn in (RankedListLoss(backend="gpu", check_values=True), RankedListLoss(backend="cpu")):
+    for loss_fn in (
+        RankedListLoss(backend="gpu", check_values=True),
+        RankedListLoss(backend="cpu"),
+    ):
         with pytest.raises(ValueError, match="embeddings contains 1 non-finite"):
             loss_fn(x, labels)
     x, labels = data(n=8)
