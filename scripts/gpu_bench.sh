@@ -17,6 +17,7 @@
 # is printed with its traceback while the rest go on: the script always finishes and writes its
 # files. About 4 to 5 minutes on one H100 (GPU parts about 4 minutes, plus process start-ups).
 # --tiny: toy sizes on the CPU (the whole script in about a minute; tests/test_benchmarks.py).
+# GPU_BENCH_COMMIT=<sha>: the commit env.txt names (the device copy's .git may be stale).
 #
 # A bare device image lacks PML and friends: wheels made here by ../shared/tools/device-wheels.sh
 # into .device-wheels (carried with the call) are installed first when that folder exists.
@@ -58,7 +59,15 @@ fi
 
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
+    # The device copy's .git is not the working tree's (on the lent machine rev-parse printed a
+    # stale commit): GPU_BENCH_COMMIT, set by the caller to the tree's commit, wins; otherwise
+    # the .git that travelled is named as such.
+    if [ -n "${GPU_BENCH_COMMIT:-}" ]; then
+        echo "commit: $GPU_BENCH_COMMIT (GPU_BENCH_COMMIT)"
+    else
+        echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)" \
+            "(the .git that travelled; may be stale)"
+    fi
     echo "mode: $([ "$tiny" = 1 ] && echo 'tiny (CPU, toy sizes)' || echo full)"
     "$python" - <<'EOF'
 import importlib

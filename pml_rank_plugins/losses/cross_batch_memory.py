@@ -105,6 +105,14 @@ class CrossBatchMemory(PMLCrossBatchMemory):
             return super().forward(embeddings, labels, indices_tuple, enqueue_mask)
         return self._forward_self_index(embeddings, labels, enqueue_mask)
 
+    def add_to_memory(self, embeddings, labels, batch_size):
+        # PML's forward casts the memory to the embeddings' dtype only outside autocast, and its
+        # test (torch.is_autocast_enabled() without a device type) reads CUDA's autocast state:
+        # under CUDA autocast the memory stays float32 while the embeddings are bf16 / fp16, and
+        # the index put refused the mix. The queue is written in the memory's dtype.
+        embeddings = embeddings.to(self.embedding_memory.dtype)
+        super().add_to_memory(embeddings, labels, batch_size)
+
     def _takes_self_index(self) -> bool:
         """Whether the loss (and the miner, if any) accept ``self_index``: checked per call, so a
         loss or miner swapped after construction is handled too."""

@@ -81,7 +81,8 @@ class RankedListMiner(BaseMiner):
             tuples whose lengths depend on the data, so no backend can mine without reading
             back from the device: the ``gpu`` path does it exactly once per call (the pair
             counts, one device-to-host copy), the ``cpu`` path once per chunk and pair kind.
-        check_values: as the loss (``self_index`` ranges and labels, finite embeddings).
+        check_values: as the loss (``self_index`` ranges, finite embeddings); float label
+            values (NaN, inf, fractions) are checked on every backend, as the losses do.
 
     ``self_index`` (keyword of ``forward``): ``(N,)`` column of ``ref_emb`` that holds query
     ``i`` itself (same label), left out of its list before mining -- the pairs PML's
@@ -175,9 +176,11 @@ class RankedListMiner(BaseMiner):
         check_labels(ref_labels, "ref_labels")
         backend = resolve_backend(embeddings.device, self.backend)
         values = checks_values(backend, self.check_values)
-        if values:  # NaN / inf / fractional labels: reads float labels back
-            check_label_values(labels, "labels")
-            check_label_values(ref_labels, "ref_labels")
+        # NaN / inf / fractional labels, on every backend as the losses do (check_loss_labels):
+        # integer labels are not read at all, float ones once (this miner reads counts back
+        # anyway, so no sync-free path is lost).
+        check_label_values(labels, "labels")
+        check_label_values(ref_labels, "ref_labels")
         if self_index is not None:
             self_index = check_self_index(self_index, labels, ref_labels, check_values=values)
         # Under torch.autocast the distance product would run in low precision: mine in float32.

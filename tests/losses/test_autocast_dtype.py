@@ -84,3 +84,27 @@ def test_outside_autocast_the_loss_has_the_embeddings_dtype(name, dtype):
     assert loss.dtype == dtype
     (grad,) = torch.autograd.grad(loss, emb)
     assert grad.dtype == dtype
+
+
+@pytest.mark.parametrize("with_indices", [False, True], ids=["self_index path", "PML's path"])
+def test_memory_enqueues_low_precision_embeddings_into_a_float32_memory(monkeypatch, with_indices):
+    # PML's CrossBatchMemory keeps its float32 memory under autocast, but reads the autocast
+    # state with torch.is_autocast_enabled(), which is CUDA's: on the CPU the memory was cast to
+    # bf16 and the bug (bf16 rows index-put into the float32 memory) showed on CUDA only. Here
+    # that test reads the test device's autocast state, so the CUDA case runs on the CPU too.
+    real = torch.is_autocast_enabled
+    monkeypatch.setattr(
+        torch, "is_autocast_enabled", lambda device_type=DEVICE_TYPE: real(device_type)
+    )
+    x, labels, linear = _inputs()
+    memory = CrossBatchMemory(FastAPLoss(), D, 64)
+    pairs = (torch.tensor([0]), torch.tensor([4]), torch.tensor([0]), torch.tensor([1]))
+    extra = (tuple(t.to(TEST_DEVICE) for t in pairs),) if with_indices else ()
+    with torch.autocast(DEVICE_TYPE, dtype=torch.bfloat16):
+        emb = linear(x)
+        assert emb.dtype == torch.bfloat16
+        loss = memory(emb, labels, *extra)
+    assert memory.embedding_memory.dtype == torch.float32 and loss.dtype == torch.float32
+    # the queue holds the (rounded) bf16 rows, in float32
+    assert torch.equal(memory.embedding_memory[:N], emb.detach().float())
+    assert torch.isfinite(loss) and torch.autograd.grad(loss, emb)[0].dtype == torch.bfloat16

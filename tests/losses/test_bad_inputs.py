@@ -36,8 +36,10 @@ def batch():
 )
 def test_bad_indices_tuple_raises_naming_the_element(loss_class, batch, indices_tuple, message):
     emb, labels = batch
+    # Index ranges are value checks: opt-in on the gpu backend (auto on CUDA), so asked for here.
+    indices_tuple = tuple(t.to(emb.device) for t in indices_tuple)  # made at import, on the CPU
     with pytest.raises(ValueError, match=message):
-        loss_class()(emb, labels, indices_tuple)
+        loss_class(check_values=True)(emb, labels, indices_tuple)
 
 
 @pytest.mark.parametrize("loss_class", LOSSES)

@@ -58,14 +58,16 @@ def test_losses_refuse_bad_label_values_naming_the_argument(name, bad):
         LOSSES[name]()(_emb(), good, ref_emb=_emb(), ref_labels=_labels(values))
 
 
+@pytest.mark.parametrize("backend", [None, "cpu", "gpu"])
 @pytest.mark.parametrize("bad", list(BAD_VALUES))
-def test_miner_refuses_bad_label_values(bad):
+def test_miner_refuses_bad_label_values(bad, backend):
+    # on every backend, like the losses (the gpu one, auto on CUDA, included)
     values, message = BAD_VALUES[bad]
     good = torch.arange(N, device=TEST_DEVICE) % 2
     with pytest.raises(ValueError, match="^labels " + message):
-        RankedListMiner()(_emb(), _labels(values))
+        RankedListMiner(backend=backend)(_emb(), _labels(values))
     with pytest.raises(ValueError, match="^ref_labels " + message):
-        RankedListMiner()(_emb(), good, _emb(), _labels(values))
+        RankedListMiner(backend=backend)(_emb(), good, _emb(), _labels(values))
 
 
 @pytest.mark.parametrize("name", [*LOSSES, "RankedListMiner"])

@@ -46,8 +46,10 @@ def test_L1_ranked_list_refuses_bool_labels_like_the_histogram_losses(make):
 def test_L2_empty_ref_emb_still_validates_indices_tuple(loss_cls, indices_tuple, message):
     x, labels = batch()
     empty = torch.zeros(0, x.shape[1], dtype=x.dtype)
+    indices_tuple = tuple(t.to(x.device) for t in indices_tuple)  # made at import, on the CPU
+    # check_values: index ranges are value checks, opt-in on the gpu backend (auto on CUDA)
     with pytest.raises(ValueError, match=message):
-        loss_cls()(x, labels, indices_tuple, empty, labels[:0])
+        loss_cls(check_values=True)(x, labels, indices_tuple, empty, labels[:0])
     # A valid (empty) tuple still gives the documented connected zero.
     nothing = tuple(torch.zeros(0, dtype=torch.long) for _ in range(4))
     loss = loss_cls()(x, labels, nothing, empty, labels[:0])

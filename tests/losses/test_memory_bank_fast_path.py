@@ -209,7 +209,8 @@ def test_other_cases_keep_pml_path(loss, miner, extra, monkeypatch):
 def test_self_index_of_the_loss_is_checked():
     x, labels = make_embeddings_and_labels(n=4, dim=DIM, num_classes=2, seed=0)
     ref = x.detach()
-    loss = RankedListLoss()
+    # self_index values are value checks: opt-in on the gpu backend (auto on CUDA)
+    loss = RankedListLoss(check_values=True)
     with pytest.raises(ValueError, match=r"self_index\[\d\] = \d is not query \d's own column"):
         loss(x, labels, ref_emb=ref, ref_labels=labels, self_index=torch.tensor([1, 0, 3, 2]))
     with pytest.raises(ValueError, match=r"columns in \[0, 4\)"):

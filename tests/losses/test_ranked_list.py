@@ -160,11 +160,13 @@ def test_collect_stats_counts_mined_pairs():
     eye = torch.eye(12, dtype=torch.bool, device=labels.device)
     n_pos = (same & ~eye & (d > 0.8)).sum(1)
     n_neg = (~same & (d < 1.2)).sum(1)
-    assert loss_fn.num_pos_pairs == n_pos.sum().item()
-    assert loss_fn.num_neg_pairs == n_neg.sum().item()
-    assert loss_fn.avg_pos_per_query == pytest.approx(n_pos.double().mean().item())
-    assert loss_fn.avg_neg_per_query == pytest.approx(n_neg.double().mean().item())
-    assert loss_fn.num_queries_nothing_mined == ((n_pos == 0) & (n_neg == 0)).sum().item()
+    # int()/float(): the gpu backend (auto on CUDA) keeps the stats as device tensors
+    assert int(loss_fn.num_pos_pairs) == n_pos.sum().item()
+    assert int(loss_fn.num_neg_pairs) == n_neg.sum().item()
+    assert float(loss_fn.avg_pos_per_query) == pytest.approx(n_pos.double().mean().item())
+    assert float(loss_fn.avg_neg_per_query) == pytest.approx(n_neg.double().mean().item())
+    nothing = ((n_pos == 0) & (n_neg == 0)).sum().item()
+    assert int(loss_fn.num_queries_nothing_mined) == nothing
 
 
 def test_indices_tuple_from_a_pml_miner_restricts_the_lists():
@@ -317,7 +319,8 @@ def test_bad_parameters_raise(kwargs, match):
 
 def test_bad_inputs_raise():
     x, labels = embeddings(n=8, seed=10)
-    loss_fn = RankedListLoss()
+    # Finiteness is a value check: opt-in on the gpu backend (auto on CUDA), so asked for here.
+    loss_fn = RankedListLoss(check_values=True)
     bad = x.detach().clone()
     bad[0, 0] = float("nan")
     with pytest.raises(ValueError, match="embeddings contains 1 non-finite"):
@@ -434,9 +437,12 @@ def test_autocast_bfloat16_finite_and_close_to_float32(gallery_gradient):
 )
 def test_bad_indices_tuple_raises_naming_the_element(indices_tuple, message):
     # A negative index used to wrap around silently (the last row taken as the pair's partner).
+    # Index ranges are value checks, opt-in on the gpu backend (auto on CUDA: without them an
+    # out-of-range index is a device-side assert that poisons the process's CUDA context).
     x, labels = embeddings(n=8, seed=25)
+    indices_tuple = tuple(t.to(x.device) for t in indices_tuple)
     with pytest.raises(ValueError, match=message):
-        RankedListLoss()(x, labels, indices_tuple)
+        RankedListLoss(check_values=True)(x, labels, indices_tuple)
 
 
 def test_bad_indices_with_miner_weights_raise_before_indexing():
@@ -446,10 +452,10 @@ def test_bad_indices_with_miner_weights_raise_before_indexing():
     i = torch.tensor([0])
     bad = WeightedPairs(i, torch.tensor([1]), i, torch.tensor([-3]), weights=torch.ones(1))
     with pytest.raises(ValueError, match=r"indices_tuple\[3\] \(negatives\) has negative"):
-        RankedListLoss()(x, labels, bad)
+        RankedListLoss(check_values=True)(x, labels, bad)  # opt-in on gpu (see above)
     bad = WeightedPairs(i, torch.tensor([1]), torch.tensor([8]), i, weights=torch.ones(1))
     with pytest.raises(ValueError, match=r"indices_tuple\[2\] \(negative anchors\) has index 8"):
-        RankedListLoss()(x, labels, bad)
+        RankedListLoss(check_values=True)(x, labels, bad)
 
 
 class DenseLp(LpDistance):

@@ -46,7 +46,10 @@ def test_gpu_equals_cpu_with_one_host_read(several_chunks, kwargs, reads, monkey
     ref = RankedListMiner(**kwargs, backend="cpu")(x, labels)
     with OpCounter() as ops:
         ours = RankedListMiner(**kwargs, backend="gpu")(x, labels)
-    assert len(reads) == 1 and ops.syncs == 0, dict(ops.sync_counts)
+    # the one host read (host_counts: a device-to-host copy on an accelerator, which the counter
+    # sees as a syncing _to_copy; nothing on the CPU) and no other syncing operator
+    one_read = {} if x.device.type == "cpu" else {"_to_copy": 1}
+    assert len(reads) == 1 and dict(ops.sync_counts) == one_read, dict(ops.sync_counts)
     assert_same_pairs(ours, ref)
     assert len(ours[0]) > 0 and len(ours[2]) > 0
 

@@ -6,6 +6,7 @@ import torchvision
 
 from pml_rank_plugins import models
 from pml_rank_plugins.models import ResNetEmbedder
+from tests.conftest import TEST_DEVICE
 
 
 @pytest.mark.parametrize("depth,features", [(18, 512), (50, 2048)])
@@ -38,7 +39,8 @@ def test_weights_path_roundtrip(tmp_path, wrap):
         state = {"state_dict": state}
     path = tmp_path / "r18.pt"
     torch.save(state, path)
-    model = ResNetEmbedder(depth=18, embedding_dim=8, weights_path=path).eval()
+    # weights files load on the CPU (map_location="cpu"): the model moves to the test device
+    model = ResNetEmbedder(depth=18, embedding_dim=8, weights_path=path).to(TEST_DEVICE).eval()
     source.fc = torch.nn.Identity()
     source.eval()
     x = torch.rand(2, 3, 32, 32)
@@ -88,8 +90,11 @@ def test_a_weights_file_is_assigned_without_drawing_a_random_init(tmp_path, monk
     net = model.trunk.net if cls == "ResNetEmbedder" else model.body.net
     tensors = dict(net.named_parameters()) | dict(net.named_buffers())
     assert not any(t.is_meta for t in tensors.values())
-    assert all(torch.equal(tensors[k], v) for k, v in state.items() if not k.startswith("fc."))
+    # the file's tensors, loaded on the CPU (map_location="cpu"; state is on the test device)
+    same = (torch.equal(tensors[k], v.cpu()) for k, v in state.items() if not k.startswith("fc."))
+    assert all(same)
     assert all(p.requires_grad and isinstance(p, torch.nn.Parameter) for p in net.parameters())
+    model.to(TEST_DEVICE)  # in place: net's parameters stay the module's parameters
     model(torch.rand(2, 3, 32, 32)).sum().backward()  # trainable
     assert net.conv1.weight.grad is not None
     getattr(models, cls)(depth=18)  # without a file the random init is drawn as before

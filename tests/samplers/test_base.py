@@ -84,7 +84,10 @@ def test_samples_per_class_must_be_all_or_an_integer(samples_per_class):
 
 # -- batches depend only on (seed, epoch), whatever the DataLoader does (issue 12.7) ------------
 def loader_epochs(sampler, num_workers, num_epochs):
-    data = torch.utils.data.TensorDataset(torch.arange(len(sampler.labels)))
+    # The dataset on the CPU whatever the default device: a forked loader worker cannot use
+    # CUDA ("CUDA error: initialization error" under TEST_DEVICE=cuda), and a dataset's items
+    # live on the host anyway (the sampler under test draws on the CPU by itself).
+    data = torch.utils.data.TensorDataset(torch.arange(len(sampler.labels), device="cpu"))
     loader = torch.utils.data.DataLoader(data, batch_sampler=sampler, num_workers=num_workers)
     return [[b[0].tolist() for b in loader] for _ in range(num_epochs)]
 

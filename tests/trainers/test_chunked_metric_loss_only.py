@@ -6,6 +6,7 @@ from pytorch_metric_learning.trainers import MetricLossOnly
 
 from pml_rank_plugins.losses import FastAPLoss
 from pml_rank_plugins.trainers import ChunkedMetricLossOnly
+from tests.conftest import TEST_DEVICE
 
 
 class TwoLevel(torch.utils.data.Dataset):
@@ -46,7 +47,7 @@ def run(trainer_cls, loss, miner=None, **extra):
         gradient_clippers={
             "trunk_grad_clipper": lambda: torch.nn.utils.clip_grad_norm_(params, 0.05)
         },
-        data_device=torch.device("cpu"),
+        data_device=TEST_DEVICE,  # where the models are (built on the default device)
         # no loader workers (PML's default is 2): an epoch cut short by iterations_per_epoch
         # leaves them to be shut down when the trainer is collected, a 10 s stall of a later test
         dataloader_num_workers=0,
