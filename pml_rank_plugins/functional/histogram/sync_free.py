@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..chunking import IGNORED, NEGATIVE, POSITIVE
+from ..sync_free_inputs import normalize_rows
 from ..validation import (
     NORMALIZE_EPS,
     check_embedding_shape,
@@ -27,45 +28,16 @@ from ..validation import (
 )
 
 
-class _UnitRows(torch.autograd.Function):
-    """``normalize_rows`` without a host sync, its gradient written out (see
-    :func:`normalize_rows_sync_free`)."""
-
-    @staticmethod
-    def forward(ctx, x, eps):
-        max_abs = x.abs().amax(dim=1, keepdim=True)
-        # 2^-e, e the exponent of the row's max-abs (rows below 1 stay unscaled, as on the CPU
-        # path; 2^-e of a subnormal would overflow).
-        exponent = torch.frexp(max_abs).exponent.clamp_min_(0).neg_()
-        scale = torch.ldexp(torch.ones_like(max_abs), exponent)
-        scaled = x * scale
-        norm = torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
-        # ||x|| = norm / scale; below eps the value is F.normalize's x / eps = scaled / (scale eps)
-        # (a zero row gives 0), a constant.
-        floor = scale * eps
-        denominator = torch.maximum(norm, floor)
-        unit = scaled / denominator
-        # d unit / d x = (I - u u^T) / ||x|| = (I - u u^T) scale / norm; zero for the tiny rows
-        # (the denominator keeps 0 / 0 out of a zero row).
-        inverse = (scale / denominator).mul_(norm >= floor)
-        ctx.save_for_backward(unit, inverse)
-        return unit
-
-    @staticmethod
-    def backward(ctx, grad):
-        unit, inverse = ctx.saved_tensors
-        along = (unit * grad).sum(1, keepdim=True)
-        return torch.addcmul(grad, unit, along, value=-1).mul_(inverse), None
-
-
 def normalize_rows_sync_free(x: torch.Tensor, eps: float = NORMALIZE_EPS) -> torch.Tensor:
     """``(N, D)`` unit rows: the values and gradient of ``validation.normalize_rows``, without
-    a host sync. Every row with a max-abs of 1 or more is scaled by ``2^-e`` (``e`` the exponent
-    of its max-abs; exact, and neither the direction nor the gradient changes), so huge rows do
-    not overflow; rows with ``||x|| < eps`` get ``x / eps`` (F.normalize's value) as a constant:
-    zero gradient. The gradient ``(g - u (u . g)) / ||x||`` is written out (about 20 dispatched
-    operators forward + backward instead of 35). O(N D). Not twice differentiable."""
-    return _UnitRows.apply(x, eps)
+    a host sync (:func:`pml_rank_plugins.functional.sync_free_inputs.normalize_rows`, shared
+    with the Ranked List loss). Every row with a max-abs of 1 or more is scaled by ``2^-e``
+    (``e`` the exponent of its max-abs; exact, and neither the direction nor the gradient
+    changes), so huge rows do not overflow; rows with ``||x|| < eps`` get ``x / eps``
+    (F.normalize's value) as a constant: zero gradient. The gradient ``(g - u (u . g)) / ||x||``
+    is written out (17 dispatched operators forward + backward instead of 35). O(N D). Not
+    twice differentiable."""
+    return normalize_rows(x, eps)
 
 
 def prepare_unit_embeddings(
