@@ -55,6 +55,7 @@ from .ranked_list_gpu_steps import (
     weights,
 )
 from .ranked_list_params import check_loss_finite, check_loss_range, check_rll_params
+from .sync_free_inputs import autocast_off
 from .validation import check_finite, compute_dtype
 
 PairSource = Union[LabelPairs, DensePairs]
@@ -63,7 +64,7 @@ PairSource = Union[LabelPairs, DensePairs]
 def bytes_per_pair(dtype: torch.dtype) -> int:
     """Bytes of chunk temporaries per (query, reference) pair: four float buffers (distances,
     the two weight matrices, one temporary) and four bool masks (candidates and mined pairs)."""
-    return 4 * torch.empty((), dtype=dtype).element_size() + 4
+    return 4 * dtype.itemsize + 4
 
 
 def chunk_rows_for(n: int, m: int, chunk_size: Optional[int], queries: torch.Tensor) -> int:
@@ -230,7 +231,7 @@ def gpu_ranked_list_terms(
     )
     n, m = len(queries), len(refs)
     chunk_rows = chunk_rows_for(n, m, chunk_size, queries)
-    with torch.autocast(queries.device.type, enabled=False):
+    with autocast_off(queries.device.type):
         loss, pos_loss, neg_loss, num_pos, num_neg, log_w = _GpuRankedList.apply(
             queries, refs, pairs, neg_weights, params, chunk_rows, bool(check_values)
         )

@@ -21,6 +21,8 @@ Pure torch. All O(N D) or O(number of indices).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .validation import (
@@ -62,6 +64,18 @@ class _UnitRows(torch.autograd.Function):
         unit, inverse = ctx.saved_tensors
         along = (unit * grad).sum(1, keepdim=True)
         return torch.addcmul(grad, unit, along, value=-1).mul_(inverse), None
+
+
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """``torch.autocast(device_type, enabled=False)`` where autocast is on for ``device_type``,
+    else a no-op context: the same effect (nothing to turn off), about 10 us less per call on
+    the host, where the ``gpu`` / ``triton`` paths are host-bound at small N. A device type
+    autocast does not know gets ``torch.autocast``'s own error, as before."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        enabled = True
+    return torch.autocast(device_type, enabled=False) if enabled else contextlib.nullcontext()
 
 
 def normalize_rows(x: torch.Tensor, eps: float = NORMALIZE_EPS) -> torch.Tensor:
@@ -130,4 +144,4 @@ def check_indices_tuple(indices_tuple, num_queries: int, num_refs: int, check_va
             raise ValueError(f"mismatched lengths: {listed} (they must be equal)")
 
 
-__all__ = ["check_indices_tuple", "normalize_rows", "prepare_embeddings"]
+__all__ = ["autocast_off", "check_indices_tuple", "normalize_rows", "prepare_embeddings"]

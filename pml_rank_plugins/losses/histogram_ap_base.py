@@ -8,6 +8,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from ..functional.backend import check_backend, checks_values, resolve_backend
 from ..functional.chunk_threads import glue_elements, one_thread_apply, one_torch_thread
 from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
+from ..functional.sync_free_inputs import autocast_off
 from ..functional.validation import (
     check_int,
     prepare_embeddings,
@@ -152,9 +153,9 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
         backend = resolve_backend(device, self.backend)
         # Under torch.autocast the products would run in bfloat16/float16: everything here is
         # computed in float32 (or the embeddings' float64) instead.
-        with torch.autocast(device.type, enabled=False):
-            if backend != "cpu":
-                check = checks_values(backend, self.check_values)
+        if backend != "cpu":
+            check = checks_values(backend, self.check_values)
+            with autocast_off(device.type):  # (no context to enter when autocast is off)
                 return sync_free_loss(
                     self,
                     embeddings,
@@ -166,6 +167,7 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
                     backend,
                     check,
                 )
+        with torch.autocast(device.type, enabled=False):
             # The glue around the kernel on one torch thread (chunk_threads.one_torch_thread).
             glue = glue_elements(embeddings, ref_emb, dense_pairs=indices_tuple is not None)
             with one_torch_thread(device, glue):

@@ -20,6 +20,7 @@ from ..functional.ranked_list import (
 )
 from ..functional.ranked_list_chunked import SparseWeights, chunked_ranked_list_terms
 from ..functional.screened_inputs import normalize_rows_screened, prepare_embeddings_screened
+from ..functional.sync_free_inputs import autocast_off
 from ..functional.validation import check_finite, validate_indices_tuple
 from ..utils.gpu_inputs import euclidean_embeddings
 from ..utils.loss_and_miner_utils import (
@@ -237,13 +238,14 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         device = embeddings.device
         glue = glue_elements(embeddings, ref_emb, dense_pairs=indices_tuple is not None)
         backend = resolve_backend(device, self.backend)
-        with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):
-            if backend != "cpu":
-                values = checks_values(backend, self.check_values)
+        if backend != "cpu":
+            values = checks_values(backend, self.check_values)
+            with autocast_off(device.type), one_torch_thread(device, glue):
                 terms = sync_free_loss_terms(
                     self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index, values
                 )
                 return self._loss_dict(terms, False)
+        with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):
             return self._compute_loss(
                 embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index
             )

@@ -54,7 +54,7 @@ from ..chunking import IGNORED, DenseCategories, LabelCategories, rows_per_chunk
 def bytes_per_pair(dtype: torch.dtype) -> int:
     """Bytes of chunk buffers per (query, reference) pair: the scores, the gathered gradient
     (backward), an int64 bin column and one category byte."""
-    return 2 * torch.empty((), dtype=dtype).element_size() + 9
+    return 2 * dtype.itemsize + 9
 
 
 @contextlib.contextmanager
@@ -101,9 +101,9 @@ class LabelPairs(LabelCategories):
         self._column, self._ref_row = labels.view(-1, 1), ref_labels.view(1, -1)
         self._self_columns, self.diagonal = self_columns, diagonal
         self.device = labels.device
+        self._ignored_index = None
         if self_columns is not None:
             self._rows = torch.arange(len(labels), device=labels.device)
-            self._ignored = torch.full((), IGNORED, dtype=torch.int8, device=labels.device)
 
     @property
     def self_columns(self) -> torch.Tensor | None:
@@ -123,8 +123,32 @@ class LabelPairs(LabelCategories):
         elif self._self_columns is not None:
             rows = self._rows if whole else self._rows[: stop - start]
             columns = self._self_columns if whole else self._self_columns[start:stop]
-            categories.index_put_((rows, columns), self._ignored)
+            ignored = torch.full((), IGNORED, dtype=torch.int8, device=self.device)
+            categories.index_put_((rows, columns), ignored)
         return categories
+
+    def add_columns(self, index: torch.Tensor, start: int, stop: int, width: int) -> None:
+        """``index += width * category`` for rows ``[start, stop)``, in place, the ignored pairs
+        moved to column ``2 width`` (the start of the dropped segment): the columns
+        :func:`_chunk_columns` needs, without the int8 category tensor of :meth:`rows` (two
+        operators fewer per pass, and no int8 -> int64 conversion)."""
+        whole = start == 0 and stop == self.shape[0]
+        labels = self._column if whole else self._column[start:stop]
+        index.add_(torch.ne(labels, self._ref_row), alpha=width)
+        if self.diagonal:
+            index.diagonal(start).fill_(IGNORED * width)
+        elif self._self_columns is not None:
+            rows = self._rows if whole else self._rows[: stop - start]
+            columns = self._self_columns if whole else self._self_columns[start:stop]
+            index.index_put_((rows, columns), self._ignored_column(width))
+
+    def _ignored_column(self, width: int) -> torch.Tensor:
+        """The 0-dim int64 ``IGNORED * width``, made once per source and width."""
+        cached = self._ignored_index
+        if cached is None or cached[0] != width:
+            value = torch.full((), IGNORED * width, dtype=torch.long, device=self.device)
+            cached = self._ignored_index = (width, value)
+        return cached[1]
 
 
 @functools.lru_cache(maxsize=64)
@@ -249,7 +273,10 @@ def _chunk_columns(queries, refs_t, categories, start, stop, shift, scale, num_i
     # carries on into the histograms and the loss, where the caller sees it.
     index = u.long().clamp_(0, num_intervals + 1)
     right = u.sub_(index) if frac else None
-    index.add_(categories.rows(start, stop), alpha=num_intervals + 3)
+    if isinstance(categories, LabelPairs):
+        categories.add_columns(index, start, stop, num_intervals + 3)
+    else:
+        index.add_(categories.rows(start, stop), alpha=num_intervals + 3)
     return right, index
 
 
