@@ -27,6 +27,9 @@ from ..validation import (
     compute_dtype,
 )
 
+# Pairs up to which label_counts compares all pairs at once (16 MiB of bools: N = M = 4096).
+DENSE_COUNT_PAIRS = 1 << 24
+
 
 def normalize_rows_sync_free(x: torch.Tensor, eps: float = NORMALIZE_EPS) -> torch.Tensor:
     """``(N, D)`` unit rows: the values and gradient of ``validation.normalize_rows``, without
@@ -71,13 +74,18 @@ def label_counts(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(num_pos, valid, ranked)``, ``(N,)``: the reference items with the query's label (minus
     one when ``exclude_own``: the query's own column, which carries its label), whether there is
-    one (``valid``), and whether there is also one with another label (``ranked``). Sort + two
-    binary searches: O((N + M) log M), nothing of size N x M."""
-    if labels.dtype != ref_labels.dtype:
-        dtype = torch.promote_types(labels.dtype, ref_labels.dtype)
-        labels, ref_labels = labels.to(dtype), ref_labels.to(dtype)
-    ordered = torch.sort(ref_labels).values
-    same = torch.searchsorted(ordered, labels, right=True) - torch.searchsorted(ordered, labels)
+    one (``valid``), and whether there is also one with another label (``ranked``). Up to
+    :data:`DENSE_COUNT_PAIRS` pairs one comparison of all pairs and a row sum (two operators,
+    N M bytes: fewer dispatches where the loss is host-bound); beyond, sort + two binary
+    searches, O((N + M) log M), nothing of size N x M. The same integer counts either way."""
+    if len(labels) * len(ref_labels) <= DENSE_COUNT_PAIRS:
+        same = torch.eq(labels.view(-1, 1), ref_labels.view(1, -1)).sum(1)
+    else:
+        if labels.dtype != ref_labels.dtype:
+            dtype = torch.promote_types(labels.dtype, ref_labels.dtype)
+            labels, ref_labels = labels.to(dtype), ref_labels.to(dtype)
+        ordered = torch.sort(ref_labels).values
+        same = torch.searchsorted(ordered, labels, right=True) - torch.searchsorted(ordered, labels)
     num_pos = same - 1 if exclude_own else same
     valid = num_pos > 0
     return num_pos, valid, valid & (same < len(ref_labels))
