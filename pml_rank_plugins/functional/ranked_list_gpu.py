@@ -129,6 +129,9 @@ class _GpuRankedList(torch.autograd.Function):
         ctx.setup = (pairs, given, params, chunk_rows, single)
         log_w = torch.cat(log_ws) if params.share else queries.new_empty(0, dtype=torch.float64)
         ctx.mark_non_differentiable(pos_loss, neg_loss, num_pos, num_neg, log_w)
+        # The five non-differentiable outputs get None, not zero tensors, in backward: five
+        # operators (allocations) fewer per backward.
+        ctx.set_materialize_grads(False)
         return loss, pos_loss, neg_loss, num_pos, num_neg, log_w
 
     @staticmethod

@@ -15,7 +15,9 @@ kernel, values outside ``[0, L]`` saturating into the end bins with zero gradien
   ``.item()``, ``unique``; every shape is known on the host before the data exist.
 * **Recomputation instead of storage.** Backward recomputes each chunk's bin columns from
   ``Q R^T`` (one more product per chunk) instead of keeping an ``N x M`` code per pair, so the
-  extra memory is the chunk buffers alone, within the budget, at any N.
+  extra memory is the chunk buffers alone, within the budget, at any N. Exception: one chunk
+  of at most :data:`SAVED_INDEX_PAIRS` pairs (16 MiB of columns) keeps its columns, since there
+  the host time of the eight recomputing operators is what costs (issue 39).
 * **Few operators.** The saturation columns are folded into the end bins, and the slope of
   each column taken, by one product with a small constant matrix each (see
   :func:`_constants`); a chunk is six elementwise operators and two scatters (forward), or five
@@ -49,6 +51,11 @@ from collections.abc import Iterator
 import torch
 
 from ..chunking import IGNORED, DenseCategories, LabelCategories, rows_per_chunk
+
+# Up to this many pairs (16 MiB of int64 columns: N = M = 1448) a one-chunk forward keeps its
+# bin columns for backward instead of recomputing them: eight operators fewer per call where
+# the loss is host-bound (small N), no memory that matters; beyond, recomputation.
+SAVED_INDEX_PAIRS = 1 << 21
 
 
 def bytes_per_pair(dtype: torch.dtype) -> int:
@@ -194,6 +201,7 @@ class GpuPairHistogram(torch.autograd.Function):
         with float32_matmul(queries.device):
             refs_t = refs.T
             acc = queries.new_zeros(n, 6 * width)
+            saved_index = None
             for start in range(0, n, chunk_rows):
                 stop = min(start + chunk_rows, n)
                 acc_rows = acc if start == 0 and stop == n else acc[start:stop]
@@ -203,9 +211,11 @@ class GpuPairHistogram(torch.autograd.Function):
                 # Right weight frac at column c + 1; left weight 1 - frac, negated, at 3 W + c.
                 acc_rows[:, 1:].scatter_add_(1, index, frac)
                 acc_rows[:, 3 * width :].scatter_add_(1, index, frac.sub_(1.0))
+                if stop - start == n and index.numel() <= SAVED_INDEX_PAIRS:
+                    saved_index = index  # one small chunk: backward reuses its columns
             hist = torch.mm(acc, fold)
         ctx.save_for_backward(queries, refs)
-        ctx.refs_t, ctx.categories = refs_t, categories
+        ctx.refs_t, ctx.categories, ctx.index = refs_t, categories, saved_index
         ctx.params = (offset, scale, num_intervals, chunk_rows, refs is queries)
         return hist.view(n, 2, num_intervals + 1)
 
@@ -224,17 +234,19 @@ class GpuPairHistogram(torch.autograd.Function):
             for start in range(0, n, chunk_rows):
                 stop = min(start + chunk_rows, n)
                 whole = start == 0 and stop == n
-                _, index = _chunk_columns(
-                    queries,
-                    ctx.refs_t,
-                    ctx.categories,
-                    start,
-                    stop,
-                    shift,
-                    scale,
-                    num_intervals,
-                    False,
-                )
+                index = ctx.index
+                if index is None:  # recomputed: the same operations as forward
+                    _, index = _chunk_columns(
+                        queries,
+                        ctx.refs_t,
+                        ctx.categories,
+                        start,
+                        stop,
+                        shift,
+                        scale,
+                        num_intervals,
+                        False,
+                    )
                 grad_scores = torch.gather(slope if whole else slope[start:stop], 1, index)
                 rows = queries if whole else queries[start:stop]
                 part = torch.mm(grad_scores, refs) if need_q else None
