@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 
-from ..functional.backend import check_backend, checks_values, resolve_backend
+from ..functional.backend import check_backend, checks_values
 from ..functional.chunk_threads import glue_elements, one_thread_apply, one_torch_thread
 from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
 from ..functional.sync_free_inputs import autocast_off
@@ -16,7 +16,7 @@ from ..functional.validation import (
 )
 from ..utils.loss_and_miner_utils import check_loss_labels, pair_masks
 from .histogram_ap_sync_free import sync_free_loss
-from .loss_output import finish_loss
+from .loss_output import call_backend, finish_loss
 from .self_index import SelfIndexForward
 
 # Upper bound on num_bins: the histograms take (N, 2, num_bins + 1) floats, and published settings
@@ -150,7 +150,7 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
         device = embeddings.device
-        backend = resolve_backend(device, self.backend)
+        backend = call_backend(device, self.backend)
         # Under torch.autocast the products would run in bfloat16/float16: everything here is
         # computed in float32 (or the embeddings' float64) instead.
         if backend != "cpu":
