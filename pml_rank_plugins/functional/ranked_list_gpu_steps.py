@@ -126,10 +126,14 @@ def mine(
     ref_sq: torch.Tensor,
     candidates: tuple[torch.Tensor, torch.Tensor],
     params: ChunkParams,
+    q_sq: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Distances of a chunk (the operations of ``ranked_list_chunk_steps.mine_chunk``) and RLL's
-    non-trivial pairs ``pos & (d > alpha - m)``, ``neg & (d < alpha)``: ``(dist, pos, neg)``."""
-    q_sq = (queries * queries).sum(1, keepdim=True)
+    non-trivial pairs ``pos & (d > alpha - m)``, ``neg & (d < alpha)``: ``(dist, pos, neg)``.
+    ``q_sq``: the ``(rows, 1)`` squared norms of ``queries`` if already known (the batch against
+    itself: ``ref_sq``, the same operation on the same rows), else computed."""
+    if q_sq is None:
+        q_sq = (queries * queries).sum(1, keepdim=True)
     dist = torch.addmm(q_sq, queries, refs.T, alpha=-2.0).add_(ref_sq).clamp_min_(0.0).sqrt_()
     pos = torch.gt(dist, params.alpha - params.margin).logical_and_(candidates[0])
     neg = torch.lt(dist, params.alpha).logical_and_(candidates[1])
