@@ -55,6 +55,7 @@ from .ranked_list_gpu_steps import (
     weights,
 )
 from .ranked_list_params import check_loss_finite, check_loss_range, check_rll_params
+from .sync_free_inputs import autocast_off
 from .validation import check_finite, compute_dtype
 
 PairSource = Union[LabelPairs, DensePairs]
@@ -63,7 +64,7 @@ PairSource = Union[LabelPairs, DensePairs]
 def bytes_per_pair(dtype: torch.dtype) -> int:
     """Bytes of chunk temporaries per (query, reference) pair: four float buffers (distances,
     the two weight matrices, one temporary) and four bool masks (candidates and mined pairs)."""
-    return 4 * torch.empty((), dtype=dtype).element_size() + 4
+    return 4 * dtype.itemsize + 4
 
 
 def chunk_rows_for(n: int, m: int, chunk_size: Optional[int], queries: torch.Tensor) -> int:
@@ -73,11 +74,28 @@ def chunk_rows_for(n: int, m: int, chunk_size: Optional[int], queries: torch.Ten
     )
 
 
-def _chunk_terms(q, refs, ref_sq, pairs, given, params, start, stop):
+def _chunk_terms(q, refs, ref_sq, pairs, given, params, start, stop, q_sq=None):
     """Distances, mined masks, weights and row sums of query rows ``[start, stop)``."""
-    dist, pos, neg = mine(q, refs, ref_sq, pairs.candidates(start, stop), params)
+    dist, pos, neg = mine(q, refs, ref_sq, pairs.candidates(start, stop), params, q_sq)
     w_pos, w_neg = weights(dist, pos, neg, params, given, start)
     return dist, pos, neg, w_pos, w_neg
+
+
+def _times(values: torch.Tensor, factor: float) -> torch.Tensor:
+    """``values * factor``; ``values`` itself for a factor of 1 (the same values, one operator
+    fewer: ``lam`` and ``lam_pos`` default to 1)."""
+    return values if factor == 1.0 else values * factor
+
+
+def _same_rows(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` view the same memory the same way (``b = a.detach()``): read from
+    the tensors' metadata on the host, no device value."""
+    return a is b or (
+        a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
 
 
 def _coefficients(dist, w_pos, w_neg, scale_pos, scale_neg) -> torch.Tensor:
@@ -100,8 +118,10 @@ class _GpuRankedList(torch.autograd.Function):
         for start in starts:
             stop = min(start + chunk_rows, n)
             q = queries if single else queries[start:stop]
+            # The batch against itself in one chunk: the query norms are the reference norms.
+            q_sq = ref_sq.unsqueeze(1) if single and _same_rows(queries, refs) else None
             dist, pos, neg, w_pos, w_neg = _chunk_terms(
-                q, refs, ref_sq, pairs, given, params, start, stop
+                q, refs, ref_sq, pairs, given, params, start, stop, q_sq
             )
             if params.share:
                 log_ws.append(
@@ -117,17 +137,23 @@ class _GpuRankedList(torch.autograd.Function):
         # Weighted mean distances, then the hinge offsets (eqs. 11, 12); >= 0 up to rounding.
         pos_loss = (s_pos * inv_zp - (params.alpha - params.margin)).clamp_min_(0.0)
         neg_loss = (params.alpha - s_neg * inv_zn).mul_(z_neg > 0).clamp_min_(0.0)
-        loss = pos_loss.mul_(z_pos > 0) * params.lam_pos + neg_loss * params.lam
+        pos_loss.mul_(z_pos > 0)
+        loss = torch.add(_times(pos_loss, params.lam_pos), _times(neg_loss, params.lam))
         if check:
             check_loss_finite(loss, params.alpha, params.lam)
         if single:  # keep the coefficient matrix: the backward is two or three products
-            coef = _coefficients(dist, w_pos, w_neg, inv_zp * params.lam_pos, inv_zn * params.lam)
+            coef = _coefficients(
+                dist, w_pos, w_neg, _times(inv_zp, params.lam_pos), _times(inv_zn, params.lam)
+            )
             ctx.save_for_backward(queries, refs, coef)
         else:
             ctx.save_for_backward(queries, refs, inv_zp, inv_zn)
         ctx.setup = (pairs, given, params, chunk_rows, single)
         log_w = torch.cat(log_ws) if params.share else queries.new_empty(0, dtype=torch.float64)
         ctx.mark_non_differentiable(pos_loss, neg_loss, num_pos, num_neg, log_w)
+        # The five non-differentiable outputs get None, not zero tensors, in backward: five
+        # operators (allocations) fewer per backward.
+        ctx.set_materialize_grads(False)
         return loss, pos_loss, neg_loss, num_pos, num_neg, log_w
 
     @staticmethod
@@ -230,7 +256,7 @@ def gpu_ranked_list_terms(
     )
     n, m = len(queries), len(refs)
     chunk_rows = chunk_rows_for(n, m, chunk_size, queries)
-    with torch.autocast(queries.device.type, enabled=False):
+    with autocast_off(queries.device.type):
         loss, pos_loss, neg_loss, num_pos, num_neg, log_w = _GpuRankedList.apply(
             queries, refs, pairs, neg_weights, params, chunk_rows, bool(check_values)
         )

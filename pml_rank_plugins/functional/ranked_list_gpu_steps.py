@@ -39,12 +39,22 @@ def _rows(tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 
 class LabelPairs:
     """Candidates from labels: positives share the query's label (minus its own column,
-    ``self_columns[i]``, when given), negatives do not. O(rows x M) per chunk, nothing N x M
+    ``self_columns[i]``, when given, or the diagonal with ``diagonal=True``: the batch against
+    itself, no index tensor needed), negatives do not. O(rows x M) per chunk, nothing N x M
     stored, no host synchronisation."""
 
-    def __init__(self, labels, ref_labels, self_columns: Optional[torch.Tensor] = None):
+    def __init__(
+        self,
+        labels,
+        ref_labels,
+        self_columns: Optional[torch.Tensor] = None,
+        diagonal: bool = False,
+    ):
+        if diagonal and self_columns is not None:
+            raise ValueError("pass self_columns or diagonal=True, not both")
         self.labels, self.ref_labels = labels.view(-1, 1), ref_labels.view(1, -1)
         self.self_columns = None if self_columns is None else self_columns.view(-1, 1)
+        self.diagonal = diagonal
         self.columns = None
         if self_columns is not None:
             self.columns = torch.arange(len(ref_labels), device=ref_labels.device).view(1, -1)
@@ -53,7 +63,9 @@ class LabelPairs:
         """``(pos_candidates, neg_candidates)``, ``(rows, M)`` bool."""
         same = torch.eq(_rows(self.labels, start, stop), self.ref_labels)
         differ = torch.logical_not(same)
-        if self.self_columns is not None:
+        if self.diagonal:  # the own column of query i is column i (same label: not in differ)
+            same.diagonal(start).fill_(False)
+        elif self.self_columns is not None:
             same = same.logical_and_(self.columns != _rows(self.self_columns, start, stop))
         return same, differ
 
@@ -114,10 +126,14 @@ def mine(
     ref_sq: torch.Tensor,
     candidates: tuple[torch.Tensor, torch.Tensor],
     params: ChunkParams,
+    q_sq: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Distances of a chunk (the operations of ``ranked_list_chunk_steps.mine_chunk``) and RLL's
-    non-trivial pairs ``pos & (d > alpha - m)``, ``neg & (d < alpha)``: ``(dist, pos, neg)``."""
-    q_sq = (queries * queries).sum(1, keepdim=True)
+    non-trivial pairs ``pos & (d > alpha - m)``, ``neg & (d < alpha)``: ``(dist, pos, neg)``.
+    ``q_sq``: the ``(rows, 1)`` squared norms of ``queries`` if already known (the batch against
+    itself: ``ref_sq``, the same operation on the same rows), else computed."""
+    if q_sq is None:
+        q_sq = (queries * queries).sum(1, keepdim=True)
     dist = torch.addmm(q_sq, queries, refs.T, alpha=-2.0).add_(ref_sq).clamp_min_(0.0).sqrt_()
     pos = torch.gt(dist, params.alpha - params.margin).logical_and_(candidates[0])
     neg = torch.lt(dist, params.alpha).logical_and_(candidates[1])
@@ -171,8 +187,10 @@ def row_sums(dist, pos, neg, w_pos, w_neg) -> tuple[torch.Tensor, ...]:
 
 
 def inverse_or_zero(total: torch.Tensor) -> torch.Tensor:
-    """``1 / total`` where ``total > 0``, else 0 (a row without mined pairs)."""
-    return torch.where(total > 0, total.reciprocal(), 0.0)
+    """``1 / total`` where ``total > 0``, else 0 (a row without mined pairs); NaN stays NaN.
+    ``total`` is a sum of weights whose largest is 1 (or a count), so it is 0 or >= 1: the
+    reciprocal is infinite only at 0 (two operators instead of four: host time per call)."""
+    return total.reciprocal().nan_to_num_(nan=float("nan"), posinf=0.0, neginf=0.0)
 
 
 def query_scales(log_w: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 
-from ..functional.backend import check_backend, checks_values, resolve_backend
+from ..functional.backend import check_backend, checks_values
 from ..functional.chunk_threads import glue_elements, one_thread_apply, one_torch_thread
 from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
+from ..functional.sync_free_inputs import autocast_off
 from ..functional.validation import (
     check_int,
     prepare_embeddings,
@@ -15,7 +16,7 @@ from ..functional.validation import (
 )
 from ..utils.loss_and_miner_utils import check_loss_labels, pair_masks
 from .histogram_ap_sync_free import sync_free_loss
-from .loss_output import finish_loss
+from .loss_output import call_backend, finish_loss
 from .self_index import SelfIndexForward
 
 # Upper bound on num_bins: the histograms take (N, 2, num_bins + 1) floats, and published settings
@@ -149,12 +150,12 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
         device = embeddings.device
-        backend = resolve_backend(device, self.backend)
+        backend = call_backend(device, self.backend)
         # Under torch.autocast the products would run in bfloat16/float16: everything here is
         # computed in float32 (or the embeddings' float64) instead.
-        with torch.autocast(device.type, enabled=False):
-            if backend != "cpu":
-                check = checks_values(backend, self.check_values)
+        if backend != "cpu":
+            check = checks_values(backend, self.check_values)
+            with autocast_off(device.type):  # (no context to enter when autocast is off)
                 return sync_free_loss(
                     self,
                     embeddings,
@@ -166,6 +167,7 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
                     backend,
                     check,
                 )
+        with torch.autocast(device.type, enabled=False):
             # The glue around the kernel on one torch thread (chunk_threads.one_torch_thread).
             glue = glue_elements(embeddings, ref_emb, dense_pairs=indices_tuple is not None)
             with one_torch_thread(device, glue):

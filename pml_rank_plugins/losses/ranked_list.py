@@ -9,7 +9,7 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
-from ..functional.backend import checks_values, resolve_backend
+from ..functional.backend import checks_values
 from ..functional.chunk_threads import glue_elements, one_thread_apply, one_torch_thread
 from ..functional.ranked_list import (
     check_query_weighting,
@@ -20,6 +20,7 @@ from ..functional.ranked_list import (
 )
 from ..functional.ranked_list_chunked import SparseWeights, chunked_ranked_list_terms
 from ..functional.screened_inputs import normalize_rows_screened, prepare_embeddings_screened
+from ..functional.sync_free_inputs import autocast_off
 from ..functional.validation import check_finite, validate_indices_tuple
 from ..utils.gpu_inputs import euclidean_embeddings
 from ..utils.loss_and_miner_utils import (
@@ -30,7 +31,7 @@ from ..utils.loss_and_miner_utils import (
     ranked_list_categories,
 )
 from ..utils.ranked_list_backends import check_backend_options, sync_free_loss_terms
-from .loss_output import finish_loss
+from .loss_output import call_backend, finish_loss
 from .self_index import SelfIndexForward
 
 # The cpu path's normalization: normalize_rows' values in fewer passes, on one torch thread
@@ -236,14 +237,15 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         # The glue around the kernel on one torch thread too (chunk_threads.one_torch_thread).
         device = embeddings.device
         glue = glue_elements(embeddings, ref_emb, dense_pairs=indices_tuple is not None)
-        backend = resolve_backend(device, self.backend)
-        with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):
-            if backend != "cpu":
-                values = checks_values(backend, self.check_values)
+        backend = call_backend(device, self.backend)
+        if backend != "cpu":
+            values = checks_values(backend, self.check_values)
+            with autocast_off(device.type), one_torch_thread(device, glue):
                 terms = sync_free_loss_terms(
                     self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index, values
                 )
                 return self._loss_dict(terms, False)
+        with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):
             return self._compute_loss(
                 embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index
             )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pytorch_metric_learning.utils import common_functions as c_f
 
-from ..functional.backend import checks_values, resolve_backend
+from ..functional.backend import checks_values
 from ..functional.validation import check_labels, check_ref_labels_pairing
 from ..utils.loss_and_miner_utils import check_self_index
+from .loss_output import call_backend
 
 
 class SelfIndexForward:
@@ -70,7 +71,7 @@ class SelfIndexForward:
         ref_emb, ref_labels = c_f.set_ref_emb(embeddings, labels, ref_emb, ref_labels)
         # The entries' range and labels are read back only where the backend checks values
         # (the cpu backend, or check_values=True on the loss): see backend.checks_values.
-        backend = resolve_backend(embeddings.device, getattr(self, "backend", None))
+        backend = call_backend(embeddings.device, getattr(self, "backend", None))
         check_values = checks_values(backend, getattr(self, "check_values", None))
         self_index = check_self_index(
             self_index, labels, ref_labels, indices_tuple, check_values=check_values

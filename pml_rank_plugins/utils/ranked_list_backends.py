@@ -17,6 +17,7 @@ import torch
 from ..functional.backend import check_backend
 from ..functional.ranked_list_gpu import gpu_ranked_list_terms, gpu_ranked_list_terms_dense
 from ..functional.ranked_list_gpu_mining import gpu_mining_from_dist, gpu_ranked_list_mining
+from ..functional.ranked_list_gpu_steps import LabelPairs
 from ..functional.sync_free_inputs import check_indices_tuple, prepare_embeddings
 from .gpu_inputs import distance_matrix, euclidean_embeddings, pair_source, pair_weights
 from .loss_and_miner_utils import WeightedPairs
@@ -46,7 +47,10 @@ def sync_free_loss_terms(
     loss.num_valid_queries, loss.num_skipped_queries = len(emb), 0
     given = pair_weights(indices_tuple, emb.device, check_values)
     with torch.no_grad():
-        pairs = pair_source(labels, ref_labels, indices_tuple, is_self, self_index)
+        if indices_tuple is None and is_self:  # the diagonal, without index tensors
+            pairs = LabelPairs(labels, ref_labels, diagonal=True)
+        else:
+            pairs = pair_source(labels, ref_labels, indices_tuple, is_self, self_index)
     chunkable = euclidean_embeddings(loss.distance, emb, ref, is_self, loss.gallery_gradient)
     if chunkable is not None:
         return gpu_ranked_list_terms(

@@ -22,6 +22,8 @@ from ..backend import resolve_backend
 from ..chunking import DenseCategories, LabelCategories
 from . import gpu, triton_kernel
 
+_RESOLVED = frozenset({"cpu", "gpu", "triton"})
+
 
 def pair_histograms(
     queries: torch.Tensor,
@@ -47,7 +49,10 @@ def pair_histograms(
     Raises:
         ValueError: an unknown backend, or ``triton`` where the package cannot be imported.
     """
-    name = resolve_backend(queries.device, backend)  # checks the name too
+    # A resolved name (what the losses pass) is used as is: check_backend("triton") looks the
+    # package up on disk (importlib.util.find_spec, ~90 us a call); anything else is resolved
+    # and checked.
+    name = backend if backend in _RESOLVED else resolve_backend(queries.device, backend)
     if name == "cpu":
         return soft_histogram.pair_histograms(
             queries, refs, categories, offset, scale, num_intervals, chunk_size

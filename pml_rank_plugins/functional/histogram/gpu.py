@@ -15,7 +15,9 @@ kernel, values outside ``[0, L]`` saturating into the end bins with zero gradien
   ``.item()``, ``unique``; every shape is known on the host before the data exist.
 * **Recomputation instead of storage.** Backward recomputes each chunk's bin columns from
   ``Q R^T`` (one more product per chunk) instead of keeping an ``N x M`` code per pair, so the
-  extra memory is the chunk buffers alone, within the budget, at any N.
+  extra memory is the chunk buffers alone, within the budget, at any N. Exception: one chunk
+  of at most :data:`SAVED_INDEX_PAIRS` pairs (16 MiB of columns) keeps its columns, since there
+  the host time of the eight recomputing operators is what costs (issue 39).
 * **Few operators.** The saturation columns are folded into the end bins, and the slope of
   each column taken, by one product with a small constant matrix each (see
   :func:`_constants`); a chunk is six elementwise operators and two scatters (forward), or five
@@ -50,11 +52,16 @@ import torch
 
 from ..chunking import IGNORED, DenseCategories, LabelCategories, rows_per_chunk
 
+# Up to this many pairs (16 MiB of int64 columns: N = M = 1448) a one-chunk forward keeps its
+# bin columns for backward instead of recomputing them: eight operators fewer per call where
+# the loss is host-bound (small N), no memory that matters; beyond, recomputation.
+SAVED_INDEX_PAIRS = 1 << 21
+
 
 def bytes_per_pair(dtype: torch.dtype) -> int:
     """Bytes of chunk buffers per (query, reference) pair: the scores, the gathered gradient
     (backward), an int64 bin column and one category byte."""
-    return 2 * torch.empty((), dtype=dtype).element_size() + 9
+    return 2 * dtype.itemsize + 9
 
 
 @contextlib.contextmanager
@@ -101,9 +108,9 @@ class LabelPairs(LabelCategories):
         self._column, self._ref_row = labels.view(-1, 1), ref_labels.view(1, -1)
         self._self_columns, self.diagonal = self_columns, diagonal
         self.device = labels.device
+        self._ignored_index = None
         if self_columns is not None:
             self._rows = torch.arange(len(labels), device=labels.device)
-            self._ignored = torch.full((), IGNORED, dtype=torch.int8, device=labels.device)
 
     @property
     def self_columns(self) -> torch.Tensor | None:
@@ -123,8 +130,32 @@ class LabelPairs(LabelCategories):
         elif self._self_columns is not None:
             rows = self._rows if whole else self._rows[: stop - start]
             columns = self._self_columns if whole else self._self_columns[start:stop]
-            categories.index_put_((rows, columns), self._ignored)
+            ignored = torch.full((), IGNORED, dtype=torch.int8, device=self.device)
+            categories.index_put_((rows, columns), ignored)
         return categories
+
+    def add_columns(self, index: torch.Tensor, start: int, stop: int, width: int) -> None:
+        """``index += width * category`` for rows ``[start, stop)``, in place, the ignored pairs
+        moved to column ``2 width`` (the start of the dropped segment): the columns
+        :func:`_chunk_columns` needs, without the int8 category tensor of :meth:`rows` (two
+        operators fewer per pass, and no int8 -> int64 conversion)."""
+        whole = start == 0 and stop == self.shape[0]
+        labels = self._column if whole else self._column[start:stop]
+        index.add_(torch.ne(labels, self._ref_row), alpha=width)
+        if self.diagonal:
+            index.diagonal(start).fill_(IGNORED * width)
+        elif self._self_columns is not None:
+            rows = self._rows if whole else self._rows[: stop - start]
+            columns = self._self_columns if whole else self._self_columns[start:stop]
+            index.index_put_((rows, columns), self._ignored_column(width))
+
+    def _ignored_column(self, width: int) -> torch.Tensor:
+        """The 0-dim int64 ``IGNORED * width``, made once per source and width."""
+        cached = self._ignored_index
+        if cached is None or cached[0] != width:
+            value = torch.full((), IGNORED * width, dtype=torch.long, device=self.device)
+            cached = self._ignored_index = (width, value)
+        return cached[1]
 
 
 @functools.lru_cache(maxsize=64)
@@ -170,6 +201,7 @@ class GpuPairHistogram(torch.autograd.Function):
         with float32_matmul(queries.device):
             refs_t = refs.T
             acc = queries.new_zeros(n, 6 * width)
+            saved_index = None
             for start in range(0, n, chunk_rows):
                 stop = min(start + chunk_rows, n)
                 acc_rows = acc if start == 0 and stop == n else acc[start:stop]
@@ -179,9 +211,11 @@ class GpuPairHistogram(torch.autograd.Function):
                 # Right weight frac at column c + 1; left weight 1 - frac, negated, at 3 W + c.
                 acc_rows[:, 1:].scatter_add_(1, index, frac)
                 acc_rows[:, 3 * width :].scatter_add_(1, index, frac.sub_(1.0))
+                if stop - start == n and index.numel() <= SAVED_INDEX_PAIRS:
+                    saved_index = index  # one small chunk: backward reuses its columns
             hist = torch.mm(acc, fold)
         ctx.save_for_backward(queries, refs)
-        ctx.refs_t, ctx.categories = refs_t, categories
+        ctx.refs_t, ctx.categories, ctx.index = refs_t, categories, saved_index
         ctx.params = (offset, scale, num_intervals, chunk_rows, refs is queries)
         return hist.view(n, 2, num_intervals + 1)
 
@@ -200,17 +234,19 @@ class GpuPairHistogram(torch.autograd.Function):
             for start in range(0, n, chunk_rows):
                 stop = min(start + chunk_rows, n)
                 whole = start == 0 and stop == n
-                _, index = _chunk_columns(
-                    queries,
-                    ctx.refs_t,
-                    ctx.categories,
-                    start,
-                    stop,
-                    shift,
-                    scale,
-                    num_intervals,
-                    False,
-                )
+                index = ctx.index
+                if index is None:  # recomputed: the same operations as forward
+                    _, index = _chunk_columns(
+                        queries,
+                        ctx.refs_t,
+                        ctx.categories,
+                        start,
+                        stop,
+                        shift,
+                        scale,
+                        num_intervals,
+                        False,
+                    )
                 grad_scores = torch.gather(slope if whole else slope[start:stop], 1, index)
                 rows = queries if whole else queries[start:stop]
                 part = torch.mm(grad_scores, refs) if need_q else None
@@ -249,7 +285,10 @@ def _chunk_columns(queries, refs_t, categories, start, stop, shift, scale, num_i
     # carries on into the histograms and the loss, where the caller sees it.
     index = u.long().clamp_(0, num_intervals + 1)
     right = u.sub_(index) if frac else None
-    index.add_(categories.rows(start, stop), alpha=num_intervals + 3)
+    if isinstance(categories, LabelPairs):
+        categories.add_columns(index, start, stop, num_intervals + 3)
+    else:
+        index.add_(categories.rows(start, stop), alpha=num_intervals + 3)
     return right, index
 
 

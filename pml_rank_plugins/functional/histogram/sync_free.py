@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..chunking import IGNORED, NEGATIVE, POSITIVE
+from ..sync_free_inputs import normalize_rows
 from ..validation import (
     NORMALIZE_EPS,
     check_embedding_shape,
@@ -26,46 +27,20 @@ from ..validation import (
     compute_dtype,
 )
 
-
-class _UnitRows(torch.autograd.Function):
-    """``normalize_rows`` without a host sync, its gradient written out (see
-    :func:`normalize_rows_sync_free`)."""
-
-    @staticmethod
-    def forward(ctx, x, eps):
-        max_abs = x.abs().amax(dim=1, keepdim=True)
-        # 2^-e, e the exponent of the row's max-abs (rows below 1 stay unscaled, as on the CPU
-        # path; 2^-e of a subnormal would overflow).
-        exponent = torch.frexp(max_abs).exponent.clamp_min_(0).neg_()
-        scale = torch.ldexp(torch.ones_like(max_abs), exponent)
-        scaled = x * scale
-        norm = torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
-        # ||x|| = norm / scale; below eps the value is F.normalize's x / eps = scaled / (scale eps)
-        # (a zero row gives 0), a constant.
-        floor = scale * eps
-        denominator = torch.maximum(norm, floor)
-        unit = scaled / denominator
-        # d unit / d x = (I - u u^T) / ||x|| = (I - u u^T) scale / norm; zero for the tiny rows
-        # (the denominator keeps 0 / 0 out of a zero row).
-        inverse = (scale / denominator).mul_(norm >= floor)
-        ctx.save_for_backward(unit, inverse)
-        return unit
-
-    @staticmethod
-    def backward(ctx, grad):
-        unit, inverse = ctx.saved_tensors
-        along = (unit * grad).sum(1, keepdim=True)
-        return torch.addcmul(grad, unit, along, value=-1).mul_(inverse), None
+# Pairs up to which label_counts compares all pairs at once (16 MiB of bools: N = M = 4096).
+DENSE_COUNT_PAIRS = 1 << 24
 
 
 def normalize_rows_sync_free(x: torch.Tensor, eps: float = NORMALIZE_EPS) -> torch.Tensor:
     """``(N, D)`` unit rows: the values and gradient of ``validation.normalize_rows``, without
-    a host sync. Every row with a max-abs of 1 or more is scaled by ``2^-e`` (``e`` the exponent
-    of its max-abs; exact, and neither the direction nor the gradient changes), so huge rows do
-    not overflow; rows with ``||x|| < eps`` get ``x / eps`` (F.normalize's value) as a constant:
-    zero gradient. The gradient ``(g - u (u . g)) / ||x||`` is written out (about 20 dispatched
-    operators forward + backward instead of 35). O(N D). Not twice differentiable."""
-    return _UnitRows.apply(x, eps)
+    a host sync (:func:`pml_rank_plugins.functional.sync_free_inputs.normalize_rows`, shared
+    with the Ranked List loss). Every row with a max-abs of 1 or more is scaled by ``2^-e``
+    (``e`` the exponent of its max-abs; exact, and neither the direction nor the gradient
+    changes), so huge rows do not overflow; rows with ``||x|| < eps`` get ``x / eps``
+    (F.normalize's value) as a constant: zero gradient. The gradient ``(g - u (u . g)) / ||x||``
+    is written out (17 dispatched operators forward + backward instead of 35). O(N D). Not
+    twice differentiable."""
+    return normalize_rows(x, eps)
 
 
 def prepare_unit_embeddings(
@@ -99,13 +74,18 @@ def label_counts(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(num_pos, valid, ranked)``, ``(N,)``: the reference items with the query's label (minus
     one when ``exclude_own``: the query's own column, which carries its label), whether there is
-    one (``valid``), and whether there is also one with another label (``ranked``). Sort + two
-    binary searches: O((N + M) log M), nothing of size N x M."""
-    if labels.dtype != ref_labels.dtype:
-        dtype = torch.promote_types(labels.dtype, ref_labels.dtype)
-        labels, ref_labels = labels.to(dtype), ref_labels.to(dtype)
-    ordered = torch.sort(ref_labels).values
-    same = torch.searchsorted(ordered, labels, right=True) - torch.searchsorted(ordered, labels)
+    one (``valid``), and whether there is also one with another label (``ranked``). Up to
+    :data:`DENSE_COUNT_PAIRS` pairs one comparison of all pairs and a row sum (two operators,
+    N M bytes: fewer dispatches where the loss is host-bound); beyond, sort + two binary
+    searches, O((N + M) log M), nothing of size N x M. The same integer counts either way."""
+    if len(labels) * len(ref_labels) <= DENSE_COUNT_PAIRS:
+        same = torch.eq(labels.view(-1, 1), ref_labels.view(1, -1)).sum(1)
+    else:
+        if labels.dtype != ref_labels.dtype:
+            dtype = torch.promote_types(labels.dtype, ref_labels.dtype)
+            labels, ref_labels = labels.to(dtype), ref_labels.to(dtype)
+        ordered = torch.sort(ref_labels).values
+        same = torch.searchsorted(ordered, labels, right=True) - torch.searchsorted(ordered, labels)
     num_pos = same - 1 if exclude_own else same
     valid = num_pos > 0
     return num_pos, valid, valid & (same < len(ref_labels))
