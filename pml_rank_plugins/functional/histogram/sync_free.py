@@ -19,12 +19,9 @@ from __future__ import annotations
 import torch
 
 from ..chunking import IGNORED, NEGATIVE, POSITIVE
-from ..sync_free_inputs import normalize_rows
+from ..sync_free_inputs import normalize_rows, prepare_embeddings
 from ..validation import (
     NORMALIZE_EPS,
-    check_embedding_shape,
-    check_finite,
-    compute_dtype,
 )
 
 # Pairs up to which label_counts compares all pairs at once (16 MiB of bools: N = M = 4096).
@@ -50,23 +47,9 @@ def prepare_unit_embeddings(
     shapes checked (2-D floating, same width), cast to the compute dtype (float16/bfloat16 to
     float32), rows L2-normalized with :func:`normalize_rows_sync_free`. The NaN/inf check reads
     the values, so it runs only with ``check_values``."""
-    is_self = ref_emb is embeddings
-    check_embedding_shape(embeddings, "embeddings")
-    if not is_self:
-        check_embedding_shape(ref_emb, "ref_emb", width=embeddings.shape[1])
-        if ref_emb.device != embeddings.device:
-            raise ValueError(
-                f"ref_emb is on {ref_emb.device}, embeddings on {embeddings.device}: "
-                "move both to one device"
-            )
-    if check_values:
-        check_finite(embeddings, "embeddings")
-        if not is_self:
-            check_finite(ref_emb, "ref_emb")
-    dtype = compute_dtype(embeddings.dtype)
-    queries = normalize_rows_sync_free(embeddings.to(dtype))
-    refs = queries if is_self else normalize_rows_sync_free(ref_emb.to(dtype))
-    return queries, refs, is_self
+    queries, refs, is_self = prepare_embeddings(embeddings, ref_emb, check_values)
+    queries = normalize_rows_sync_free(queries)
+    return queries, queries if is_self else normalize_rows_sync_free(refs), is_self
 
 
 def label_counts(
