@@ -4,16 +4,19 @@ pml-rank [-v] [--debug] [--version] COMMAND ...
 pml-rank train CONFIG [--out RUN_DIR] [--method NAME] [--set key=value ...] [--resume|--overwrite]
 pml-rank eval RUN_DIR [--which best|latest]
 pml-rank embed RUN_DIR --split NAME --out FILE.npz|FILE.npy [--which best|latest]
+pml-rank embed RUN_DIR --images DIR [--out FILE.npz]   # your own images: embeddings + file paths
 pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--reference NAME] [--jobs K]
     [--resume|--overwrite] [--no-pictures]
 pml-rank sweep CONFIG --method NAME --grid KEY=V1,V2 [--grid ...] [--seeds N] [--out DIR]
     [--reference CELL] [--jobs K] [--resume|--overwrite]
-pml-rank check CONFIG... [--methods A,B] [--set key=value ...]   # build everything, no training
+pml-rank check CONFIG... [--methods A,B] [--set key=value ...] [--device D]   # build everything,
+    no training
 pml-rank tune CONFIG [--methods A,B] [--trials N] [--storage URL] [--jobs K] [--out DIR]
 pml-rank compare CONFIG --tuned DIR [--seeds S] [--allow-budget-change]   # the tuned methods on
     fresh seeds
 pml-rank list [SUBSTRING] [--kind KIND]   # names the registry resolves, grouped by kind (losses,
-    miners, samplers, trainers, datasets, models, optimizers, other), and what they resolve to
+    miners, samplers, trainers, datasets, models, optimizers, other), and what they resolve to;
+    --kind configs: the shipped configs
 Every command that reads configs or run folders takes --data-root DIR (default $PML_RANK_DATA;
 for eval and embed the run's saved data_root), --device (cpu, cuda, cuda:N, mps) and
 --allow-module MODULE; train/compare/sweep/check/tune take --set.

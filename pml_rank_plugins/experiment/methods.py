@@ -26,6 +26,7 @@ from . import builder, schema
 from .schema import ConfigError, apply_set, expand_methods, parse_set
 from .search_space import tune_section
 from .spec import RunSpec
+from .values import check_data_root
 
 # Characters a folder name keeps; every run of other characters becomes one ``_``.
 _FOLDER_CHARS = r"A-Za-z0-9_.+-"
@@ -145,6 +146,9 @@ def collect_methods(
                 apply_set(cfg, p, copy.deepcopy(v))
         for name, cfg in expanded.items():
             if data_root is not None and not root_set:
+                # The file's own value is still checked: a nonsense data_root (5, [1], true) is
+                # refused even where --data-root / $PML_RANK_DATA replaces it.
+                check_data_root(cfg.get("data_root"))
                 cfg["data_root"] = str(data_root)
             if name in out:
                 raise ValueError(f"method {name!r} defined twice (in {where})")

@@ -299,6 +299,13 @@ def save_embeddings(
         if paths is not None or labels is None:
             raise ValueError(f"{out}: embeddings with paths (or without labels) go to a .npz")
         parts = [lambda f: np.save(f, embeddings), lambda f: np.save(f, labels)]
+    _write_atomically(out, files, parts)
+    return files
+
+
+def _write_atomically(out, files: list[Path], parts: list) -> None:
+    """``parts[i](f)`` writes ``files[i]`` through a temporary file in its folder, renamed over
+    the target once every part is written; a failure leaves no temporary behind."""
     temps: list[Path] = []
     try:
         with disk_full_as_error(out):
@@ -315,4 +322,3 @@ def save_embeddings(
     finally:
         for tmp in temps:
             tmp.unlink(missing_ok=True)
-    return files
