@@ -851,10 +851,10 @@ Hartung-Knapp-Sidik-Jonkman variance (modified: never narrower than the DerSimon
 with a t distribution on k - 1 degrees of freedom (`reporting.statistics.random_effects_mean`).
 The price is power: with 2 splits (1 degree of freedom, t = 12.7) almost nothing can hold, with 4
 a consistent gap of a few points can. τ (points) is the estimated spread of the true difference
-between splits. Split 0 enters the pooled test with seeds 1-5, the seeds the other splits ran:
+between splits. Split 0 enters the pooled test with seeds {pooled_seeds}, the seeds the other splits ran:
 every split then counts with one design, and the split on which the settings were tuned and the
 reference chosen (where its gaps are favoured by that selection) does not weigh twice; the last
-sentence below says whether all 10 seeds would change the column. "Holds across splits": the
+sentence above says whether all its seeds would change the column. "Holds across splits": the
 same direction on every split and the pooled test significant after Holm over the table's rows.
 
 **Caveat: the tuned settings were chosen on split 0's validation classes, which are partly test
@@ -881,7 +881,11 @@ def splits_markdown(docs: Path) -> dict[str, str]:
         + "\n"
         + across_splits_sentences(report, "method")
         + "\n"
-        + SPLITS_TEXT.format(reference=reference, overlap=overlap)
+        + SPLITS_TEXT.format(
+            reference=reference,
+            overlap=overlap,
+            pooled_seeds=_seed_range(report["pooled_run_ids"]["0"]),
+        )
     )
     parts, claim_reports = [], {}
     for claim, summaries in claims.items():

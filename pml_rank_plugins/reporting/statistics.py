@@ -346,7 +346,8 @@ def random_effects_mean(
     )
     if k < 2:
         return out
-    with np.errstate(invalid="ignore"):  # statsmodels takes sqrt of its untruncated tau^2
+    # statsmodels goes on with its untruncated tau^2 (sqrt, 1 / (v + tau^2)): only Q, tau^2 used
+    with np.errstate(invalid="ignore", divide="ignore"):
         combined = combine_effects(y, v, method_re="dl")
     tau2 = max(0.0, float(combined.tau2))
     w_re = 1.0 / (v + tau2)
