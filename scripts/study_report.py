@@ -617,8 +617,10 @@ def _pooled_cell(p: dict | None) -> str:
 
 def _holds_cell(row: dict, splits: list[str], alpha: float) -> str:
     p = row["pooled"]
+    if len(splits) < 2:
+        return "not tested (one split)"
     if p is None or p["se"] is None:
-        return "not tested (one split, or a split without a spread)"
+        return "not tested (a split lacks the row, or the spread of its differences)"
     if row["holds"]:
         return f"**yes ({_direction(p['mean'])})**"
     if not row["same_direction"]:
@@ -679,7 +681,10 @@ def across_splits_sentences(report: dict, what: str) -> str:
     splits = list(report["splits"])
     ref, study = report["reference"], splits[0]
     if len(splits) < 2:
-        return f"Only split {study} has finished: nothing can be said across splits yet.\n"
+        return (
+            f"Only split {study} has finished: nothing can be said across splits yet, and every"
+            " verdict is split-specific.\n"
+        )
     held = {
         d: [
             n
@@ -830,7 +835,7 @@ def load_split_summaries(docs: Path) -> tuple[dict[int, dict], dict[str, dict[in
 
 
 SPLITS_TEXT = """\
-How to read it. Each split's cell is the paired difference against {reference} on that split's
+**How to read it.** Each split's cell is the paired difference against {reference} on that split's
 seeds (mean ± 95% CI, `*`: the interval excludes 0) and its verdict, by the rules of the study's
 tables (Holm over the table's rows within the split, TOST against ±1.0 point, MDD); split 0 is
 the study's (10 seeds, the verdicts of the table below), splits 1-3 are other class-disjoint
