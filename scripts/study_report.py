@@ -52,6 +52,19 @@ as percent of the runs' summed wall seconds; the pictures' seconds (``summary.js
 ``pictures_seconds``, written since this report; older phases: unknown) as percent of the
 command's wall time; runs copied by ``scripts/study_reuse.py`` are counted apart, not timed
 again.
+
+Robustness across splits (issue 42; ``python scripts/study_report.py splits docs/study
+docs/results.md``, no run folders needed): from the published ``summary.json`` files of the
+study's split (``DOCS/tuned``, ``DOCS/claims/<claim>``) and of the other class splits
+(``DOCS/splits/seed<k>``, ``DOCS/splits/claims<k>/<claim>``, written by
+``scripts/run_splits.sh``; whichever have finished), per row its paired difference against the
+reference (the methods: ``DOCS/tuned/vs_best.json``'s; a claim: its own) and verdict on each
+split, recomputed from the rows' values by the study's rules, and the random-effects mean over
+the splits (``reporting.statistics.random_effects_mean``) with Holm over the rows; "holds across
+splits" when the direction is the same on every split and the pooled Holm p is below 0.05
+(:func:`across_splits`). Writes ``DOCS/splits/robustness.json`` and ``.md`` and replaces the
+generated regions (:func:`region_markers`) of the results page: the methods' table and its
+sentences, the claims' tables, and the compute of the split steps with the command to resume.
 """
 
 from __future__ import annotations
