@@ -12,6 +12,7 @@ import optuna
 import pytest
 from scipy import stats
 
+from pml_rank_plugins.reporting import statistics as st
 from pml_rank_plugins.reporting.summary import summarize
 from tests.reporting.statsmodels_holm import holm_by_statsmodels
 
@@ -446,6 +447,21 @@ def test_splits_main_fills_the_pages_regions_and_lists_missing_steps(tmp_path):
     page.write_text("# Results without regions\n")
     with pytest.raises(ValueError, match="no region"):
         study_report.splits_main(str(docs), str(page))
+
+
+def test_the_simulations_pooled_test_is_random_effects_mean():
+    rng = np.random.default_rng(8)
+    y, v = rng.normal(0, 0.03, (6, 3)), rng.uniform(1e-5, 4e-4, (6, 3))
+    got = study_report.random_effects_p(y, v)
+    for i in range(6):
+        assert got[i] == pytest.approx(st.random_effects_mean(y[i], v[i])["p"], rel=1e-9)
+
+
+def test_level_simulation_shows_the_blocked_test_overrejecting_under_heterogeneity():
+    level = study_report.level_simulation([3], tau=0.02, sd=0.02, draws=2000, seed=1)
+    assert level[3]["blocked"] > 0.2 and level[3]["random_effects"] < 0.07
+    calm = study_report.level_simulation([3], tau=0.0, sd=0.02, draws=2000, seed=1)
+    assert abs(calm[3]["blocked"] - 0.05) < 0.02  # the blocked test is exact without a spread
 
 
 def test_split_overlap_counts_every_character_once():
