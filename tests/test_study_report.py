@@ -1,4 +1,5 @@
-"""scripts/study_report.py: the convergence probe's budget from hand-made curves."""
+"""scripts/study_report.py: the convergence probe's budget from hand-made curves, and the
+robustness-across-splits tables from synthetic summary.json files."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import numpy as np
 import optuna
 import pytest
 from scipy import stats
+
+from pml_rank_plugins.reporting import statistics as st
+from pml_rank_plugins.reporting.summary import summarize
+from tests.reporting.statsmodels_holm import holm_by_statsmodels
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("study_report", ROOT / "scripts" / "study_report.py")
@@ -253,3 +258,227 @@ def test_claims_table_reads_each_finished_claims_summary(tmp_path):
     assert "| L=41 | 6 | 60.83 ± " in md and "(reference)" in md
     study_report.main(str(tmp_path / "runs"), str(tmp_path / "docs"))
     assert (tmp_path / "docs" / "claims.md").read_text() == md
+
+
+# ---- robustness across splits (issue 42) ----
+
+PRIMARY = "mean_average_precision_at_r"
+
+
+def _results(values: dict[str, list[float]], first_seed: int = 1) -> dict:
+    """``{method: {run_id: metrics.json}}`` of finished runs with test MAP@R ``values``."""
+    return {
+        name: {
+            f"seed{first_seed + i}": {
+                "name": name,
+                "status": "finished",
+                "test": {"test": {PRIMARY: v}},
+                "wall_seconds": 100.0,
+            }
+            for i, v in enumerate(vs)
+        }
+        for name, vs in values.items()
+    }
+
+
+def _split_summary(values: dict[str, list[float]], split: int, first_seed: int = 1) -> dict:
+    """A ``summary.json`` as ``compare --tuned ... --set split...seed=k --allow-budget-change``
+    writes it (``reporting.summary.summarize`` plus the command's record) for test MAP@R
+    ``values[method]`` on seeds ``first_seed, first_seed + 1, ...``."""
+    results = _results(values, first_seed)
+    summary = summarize(results, reference=next(iter(values)), primary=PRIMARY, margin=1.0)
+    n = max(len(v) for v in values.values())
+    summary |= {"total_wall_seconds": 50.0 * n * len(values), "seeds": n, "jobs": 2}
+    key = study_report.SPLIT_KEY
+    summary["budget_changes"] = (
+        {m: [{"key": key, "tuned": 0, "used": split, "set": key}] for m in values} if split else {}
+    )
+    return json.loads(json.dumps(summary))  # as read back from the file
+
+
+def _synthetic_splits(rng: np.random.Generator) -> dict[int, dict[str, list[float]]]:
+    """Four splits (0: 10 seeds, 1-3: 5): A trails the reference by about 5 points on every
+    split, B leads by 3 on split 0 and trails by 3 on the others, C is noise."""
+    out = {}
+    for split, n in ((0, 10), (1, 5), (2, 5), (3, 5)):
+        ref = 0.70 + 0.02 * rng.standard_normal(n)
+        out[split] = {
+            "first": 0.60 + 0.02 * rng.standard_normal(n),  # compare's reference, not the study's
+            "ref": ref,
+            "A": ref - 0.05 - 0.01 * split + 0.005 * rng.standard_normal(n),
+            "B": ref + (0.03 if split == 0 else -0.03) + 0.005 * rng.standard_normal(n),
+            "C": ref + 0.01 * rng.standard_normal(n),
+        }
+    return {s: {k: list(v) for k, v in vals.items()} for s, vals in out.items()}
+
+
+def _dl_hksj(y: np.ndarray, v: np.ndarray) -> tuple[float, float, float]:
+    """Random-effects mean, modified-HKSJ 95% half-width and p, written out (DerSimonian-Laird
+    tau^2 truncated at 0; Hartung-Knapp scale max(1, q); t on k - 1 df)."""
+    k, w = len(y), 1 / v
+    q = (w * (y - (w * y).sum() / w.sum()) ** 2).sum()
+    tau2 = max(0.0, (q - (k - 1)) / (w.sum() - (w**2).sum() / w.sum()))
+    ws = 1 / (v + tau2)
+    mu = (ws * y).sum() / ws.sum()
+    se = np.sqrt(max(1.0, (ws * (y - mu) ** 2).sum() / (k - 1)) / ws.sum())
+    return mu, stats.t.ppf(0.975, k - 1) * se, 2 * stats.t.sf(abs(mu / se), k - 1)
+
+
+def test_across_splits_pools_the_splits_and_tells_what_holds(tmp_path):
+    values = _synthetic_splits(np.random.default_rng(4))
+    summaries = {s: _split_summary(v, s) for s, v in values.items()}
+    report = study_report.across_splits(summaries, "ref")
+    assert list(report["rows"]) == ["first", "A", "B", "C"]
+    assert report["splits"]["0"]["n_seeds"] == 10 and report["splits"]["3"]["n_seeds"] == 5
+    # split 0 pools seeds 1-5 (the other splits' seeds); its verdict uses all 10
+    assert report["pooled_run_ids"]["0"] == [f"seed{i}" for i in range(1, 6)]
+    pooled = {}
+    for name in ("first", "A", "B", "C"):
+        y, v = [], []
+        for vals in values.values():
+            d = np.array(vals[name][:5]) - np.array(vals["ref"][:5])
+            y.append(d.mean())
+            v.append(d.var(ddof=1) / 5)
+        pooled[name] = _dl_hksj(np.array(y), np.array(v))
+    for name, (mu, half, p) in pooled.items():
+        got = report["rows"][name]["pooled"]
+        assert got["mean"] == pytest.approx(mu, rel=1e-10)
+        assert got["ci_half_width"] == pytest.approx(half, rel=1e-9)
+        assert got["p"] == pytest.approx(p, rel=1e-8)
+    names = list(pooled)
+    holm = holm_by_statsmodels([pooled[n][2] for n in names])
+    for name, adjusted in zip(names, holm):
+        assert report["rows"][name]["pooled"]["p_holm"] == pytest.approx(adjusted, rel=1e-9)
+    a, b, c = (report["rows"][n] for n in "ABC")
+    assert a["holds"] is True and a["same_direction"] and a["pooled"]["mean"] < 0
+    assert b["holds"] is False and not b["same_direction"]
+    assert b["splits"]["0"]["mean"] > 0 and b["splits"]["1"]["mean"] < 0
+    assert c["holds"] is False
+    # the split-0 verdict is the study's: every seed, Holm over that split's table
+    study = summarize(_results(values[0]), reference="ref", primary=PRIMARY, margin=1.0)
+    for name in ("A", "B", "C"):
+        expected = study["differences"][name][PRIMARY]
+        assert (
+            a is not None and report["rows"][name]["splits"]["0"]["verdict"] == expected["verdict"]
+        )
+        assert report["rows"][name]["splits"]["0"]["n"] == 10
+    assert b["splits"]["0"]["verdict"] == "higher" and a["splits"]["2"]["verdict"] == "lower"
+    table = study_report.across_splits_table(report, "method")
+    row_a = next(line for line in table.splitlines() if line.startswith("| A |"))
+    row_b = next(line for line in table.splitlines() if line.startswith("| B |"))
+    assert row_a.endswith("| **yes (lower)** |")
+    assert row_b.endswith("| no: direction differs (0 +, 1 -, 2 -, 3 -) |")
+    assert "split 0 (study), n = 10" in table and "split 3, n = 5" in table
+    text = study_report.across_splits_sentences(report, "method")
+    assert "**Holds across splits 0, 1, 2 and 3:** first and A score lower than ref" in text
+    assert "B (higher on split 0)" in text and "**Split-specific:**" in text
+
+
+def test_across_splits_with_the_study_split_alone_tests_nothing():
+    values = _synthetic_splits(np.random.default_rng(5))
+    report = study_report.across_splits({0: _split_summary(values[0], 0)}, "ref")
+    assert all(r["pooled"] is None and r["holds"] is False for r in report["rows"].values())
+    text = study_report.across_splits_sentences(report, "method")
+    assert text.startswith("Only split 0 has finished")
+    assert "not tested" in study_report.across_splits_table(report, "method")
+
+
+def test_a_summary_recording_another_split_is_refused():
+    values = _synthetic_splits(np.random.default_rng(6))
+    summary = _split_summary(values[2], 2)
+    assert study_report.split_seed(summary, "x/seed2/summary.json", 2) == 2
+    with pytest.raises(
+        ValueError, match=r"x/seed1/summary.json: records .*seed = \[2\], expected 1"
+    ):
+        study_report.split_seed(summary, "x/seed1/summary.json", 1)
+
+
+def _write_split_docs(docs: Path, values: dict, claims: dict | None = None) -> None:
+    for split, vals in values.items():
+        folder = docs / ("tuned" if split == 0 else f"splits/seed{split}")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "summary.json").write_text(json.dumps(_split_summary(vals, split)))
+    (docs / "tuned" / "vs_best.json").write_text(json.dumps({"reference": "ref"}))
+    for claim, by_split in (claims or {}).items():
+        for split, vals in by_split.items():
+            folder = docs / ("claims" if split == 0 else f"splits/claims{split}") / claim
+            folder.mkdir(parents=True, exist_ok=True)
+            summary = _split_summary(vals, 0)  # a claim's --set is not recorded
+            (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_splits_main_fills_the_pages_regions_and_lists_missing_steps(tmp_path):
+    rng = np.random.default_rng(7)
+    values = _synthetic_splits(rng)
+    claim = {
+        s: {
+            "tuned": v["ref"],
+            "m=0": list(np.array(v["ref"]) - 0.07 + 0.01 * rng.standard_normal(len(v["ref"]))),
+        }
+        for s, v in values.items()
+    }
+    docs = tmp_path / "docs" / "study"
+    _write_split_docs(
+        docs, {0: values[0], 1: values[1]}, {"rll_margin_tn": {0: claim[0], 1: claim[1]}}
+    )
+    page = tmp_path / "results.md"
+    regions = "".join(
+        f"text before {name}\n{b}\nSTALE TEXT\n{e}\n"
+        for name in ("methods", "claims", "compute")
+        for b, e in [study_report.region_markers(name)]
+    )
+    page.write_text("# Results\n" + regions + "after\n")
+    assert study_report.splits_main(str(docs), str(page)) == 0
+    text = page.read_text()
+    assert "STALE TEXT" not in text and text.startswith("# Results\ntext before methods\n")
+    assert text.endswith("after\n") and text.count("<!-- generated by") == 3
+    assert "| A | " in text and "#### rll_margin_tn (reference: tuned)" in text
+    assert "| m=0 | " in text
+    assert "Split 1's 34 test characters hold" in text
+    assert "| seed1 | 1 | 5 x 5 | 25 (0 failed) | 2,500 |" in text
+    assert "**Not finished when this was generated:** seed2, claims1/batch_size, seed3" in text
+    assert study_report.RESUME_COMMAND in text and study_report.REPORT_COMMAND in text
+    report = json.loads((docs / "splits" / "robustness.json").read_text())
+    assert list(report["methods"]["splits"]) == ["0", "1"]
+    assert list(report["claims"]) == ["rll_margin_tn"]
+    again = page.read_text()
+    study_report.splits_main(str(docs), str(page))  # idempotent
+    assert page.read_text() == again
+    page.write_text("# Results without regions\n")
+    with pytest.raises(ValueError, match="no region"):
+        study_report.splits_main(str(docs), str(page))
+
+
+def test_the_simulations_pooled_test_is_random_effects_mean():
+    rng = np.random.default_rng(8)
+    y, v = rng.normal(0, 0.03, (6, 3)), rng.uniform(1e-5, 4e-4, (6, 3))
+    got = study_report.random_effects_p(y, v)
+    for i in range(6):
+        assert got[i] == pytest.approx(st.random_effects_mean(y[i], v[i])["p"], rel=1e-9)
+
+
+def test_level_simulation_shows_the_blocked_test_overrejecting_under_heterogeneity():
+    level = study_report.level_simulation([3], tau=0.02, sd=0.02, draws=2000, seed=1)
+    assert level[3]["blocked"] > 0.2 and level[3]["random_effects"] < 0.07
+    calm = study_report.level_simulation([3], tau=0.0, sd=0.02, draws=2000, seed=1)
+    assert abs(calm[3]["blocked"] - 0.05) < 0.02  # the blocked test is exact without a spread
+
+
+def test_split_overlap_counts_every_character_once():
+    overlap = study_report.split_overlap(1)
+    sizes = {"train": 68, "val": 34, "test": 34}
+    for part, counts in overlap.items():
+        assert sum(counts.values()) == sizes[part]
+    for part in sizes:
+        assert sum(o[part] for o in overlap.values()) == sizes[part]
+    assert study_report.split_overlap(0)["val"] == {"train": 0, "val": 34, "test": 0}
+
+
+def test_the_results_page_shows_what_the_committed_split_outputs_give():
+    """docs/results.md's generated regions equal what `study_report.py splits` makes of the
+    committed docs/study files; after publishing a new split step, regenerate with
+    ``python scripts/study_report.py splits docs/study docs/results.md``."""
+    sections = study_report.splits_markdown(ROOT / "docs" / "study")
+    sections.pop("report")
+    page = (ROOT / "docs" / "results.md").read_text()
+    assert study_report.fill_regions(page, sections) == page, study_report.REPORT_COMMAND

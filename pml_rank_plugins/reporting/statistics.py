@@ -38,6 +38,11 @@ margin is given, ``p_tost_holm``, each family adjusted on its own. Rows whose ra
 are not tested and do not count in the family. Holm: with the ``k`` p-values sorted
 ``p_(1) <= ... <= p_(k)``, ``p~_(i) = min(1, max_{j <= i} (k - j + 1) p_(j))``.
 
+Across independent experiments (:func:`random_effects_mean`; e.g. one paired mean difference
+per class split, whose seeds are paired within a split but not across splits): the
+random-effects mean with the DerSimonian-Laird between-experiment variance and the modified
+Hartung-Knapp-Sidik-Jonkman interval and t-test on ``k - 1`` degrees of freedom.
+
 Undefined quantities (``n < 2``; zero variance for the tests) are ``None``, never 0 or NaN, so
 they survive JSON and cannot be mistaken for a measurement. All functions are O(n) per
 comparison (Holm: O(k log k) for ``k`` rows).
@@ -51,6 +56,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from scipy import stats
+from statsmodels.regression.linear_model import WLS
+from statsmodels.stats.meta_analysis import combine_effects
 from statsmodels.stats.power import TTestPower
 
 CONFIDENCE = 0.95
@@ -285,3 +292,84 @@ def format_p(p: float | None) -> str:
     if p is None:
         return "-"
     return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def random_effects_mean(
+    means: Sequence[float], variances: Sequence[float], confidence: float = CONFIDENCE
+) -> dict:
+    """Random-effects mean of ``k`` independent estimates (e.g. one paired mean difference per
+    class split) with the DerSimonian-Laird between-estimate variance and the modified
+    Hartung-Knapp-Sidik-Jonkman interval and t-test.
+
+    With ``y_i`` the estimates and ``v_i > 0`` their variances (``s_i^2 / n_i`` of a paired
+    mean): fixed-effect weights ``w_i = 1 / v_i``, Cochran's ``Q = sum w_i (y_i - y_FE)^2``;
+    DerSimonian-Laird ``tau^2 = max(0, (Q - (k - 1)) / (sum w_i - sum w_i^2 / sum w_i))``
+    (``statsmodels.stats.meta_analysis.combine_effects(method_re="dl")`` gives ``Q`` and the
+    untruncated ``tau^2``; statsmodels 0.15 does not truncate it at 0, so it is truncated here);
+    random-effects weights ``w*_i = 1 / (v_i + tau^2)`` and mean ``mu = sum w*_i y_i / sum w*_i``
+    (``statsmodels`` ``WLS``); the HKSJ scale ``q = sum w*_i (y_i - mu)^2 / (k - 1)`` (the WLS
+    residual scale), used as ``max(1, q)`` (Knapp & Hartung 2003, Roever et al. 2015: the plain
+    HKSJ interval is narrower than the DerSimonian-Laird one when the estimates agree more than
+    their variances predict, which with few estimates happens by chance); ``se = sqrt(max(1, q)
+    / sum w*_i)``; interval ``mu +- t_{(1+confidence)/2, k-1} se``; two-sided p of ``t = mu /
+    se`` on ``k - 1`` degrees of freedom. With ``k`` as small as 2-4 ``tau^2`` is poorly
+    estimated; the t reference distribution with ``k - 1`` degrees of freedom is what keeps the
+    test's level near nominal then (at the price of wide intervals).
+
+    Returns ``{"k", "mean", "se", "ci_low", "ci_high", "ci_half_width", "t", "df", "p", "tau2",
+    "q_cochran", "i2", "hksj_scale", "mean_fixed", "se_fixed"}``; for ``k = 1`` every entry but
+    ``k``, ``mean`` (the one estimate), ``mean_fixed`` and ``se_fixed`` is ``None``. O(k).
+    """
+    y = np.asarray(means, dtype=np.float64)
+    v = np.asarray(variances, dtype=np.float64)
+    if y.ndim != 1 or y.size == 0 or v.shape != y.shape:
+        raise ValueError(
+            f"random_effects_mean: need two non-empty 1-D sequences of one length, got "
+            f"{y.shape} and {v.shape}"
+        )
+    if not (np.all(np.isfinite(y)) and np.all(np.isfinite(v)) and np.all(v > 0)):
+        raise ValueError(
+            f"random_effects_mean: estimates must be finite and variances finite and positive, "
+            f"got {y.tolist()} and {v.tolist()}"
+        )
+    k = int(y.size)
+    w = 1.0 / v
+    out = dict.fromkeys(
+        ("se", "ci_low", "ci_high", "ci_half_width", "t", "df", "p", "tau2", "q_cochran", "i2")
+    )
+    out.update(
+        k=k,
+        mean=float(np.sum(w * y) / np.sum(w)),
+        hksj_scale=None,
+        mean_fixed=float(np.sum(w * y) / np.sum(w)),
+        se_fixed=float(math.sqrt(1.0 / np.sum(w))),
+    )
+    if k < 2:
+        return out
+    # statsmodels goes on with its untruncated tau^2 (sqrt, 1 / (v + tau^2)): only Q, tau^2 used
+    with np.errstate(invalid="ignore", divide="ignore"):
+        combined = combine_effects(y, v, method_re="dl")
+    tau2 = max(0.0, float(combined.tau2))
+    w_re = 1.0 / (v + tau2)
+    fit = WLS(y, np.ones(k), weights=w_re).fit()
+    mean, scale = float(fit.params[0]), float(fit.scale)
+    se = math.sqrt(max(1.0, scale) / float(np.sum(w_re)))
+    df = k - 1
+    half = float(stats.t.ppf(0.5 + confidence / 2, df) * se)
+    t = mean / se
+    q = float(combined.q)
+    out.update(
+        mean=mean,
+        se=se,
+        ci_low=mean - half,
+        ci_high=mean + half,
+        ci_half_width=half,
+        t=t,
+        df=df,
+        p=float(2 * stats.t.sf(abs(t), df)),
+        tau2=tau2,
+        q_cochran=q,
+        i2=max(0.0, 1 - df / q) if q > 0 else 0.0,
+        hksj_scale=scale,
+    )
+    return out
