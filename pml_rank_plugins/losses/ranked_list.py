@@ -21,8 +21,8 @@ from ..functional.ranked_list import (
 from ..functional.ranked_list_chunked import SparseWeights, chunked_ranked_list_terms
 from ..functional.screened_inputs import normalize_rows_screened, prepare_embeddings_screened
 from ..functional.sync_free_inputs import autocast_off
-from ..functional.validation import check_finite, validate_indices_tuple
-from ..utils.gpu_inputs import euclidean_embeddings
+from ..functional.validation import validate_indices_tuple
+from ..utils.gpu_inputs import euclidean_embeddings, pair_weights
 from ..utils.loss_and_miner_utils import (
     check_chunk_size,
     check_loss_labels,
@@ -325,23 +325,10 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
 
     @staticmethod
     def _pair_weights(indices_tuple, device):
-        """``(a2, n, weights)`` from ``indices_tuple.weights`` (checked), or ``None``."""
-        weights = getattr(indices_tuple, "weights", None)
-        if weights is None:
-            return None
-        if len(indices_tuple) != 4:
-            raise ValueError("weights can only come with a pair tuple (a1, p, a2, n)")
-        a2, n = indices_tuple[2], indices_tuple[3]
-        weights = torch.as_tensor(weights, device=device)
-        if weights.ndim != 1 or len(weights) != len(a2) or len(n) != len(a2):
-            raise ValueError(
-                f"mismatched lengths: weights {tuple(weights.shape)} must align with the negative "
-                f"pairs (a2, n) of lengths {len(a2)}, {len(n)}"
-            )
-        check_finite(weights, "indices_tuple.weights")
-        if (weights < 0).any():
-            raise ValueError("indices_tuple.weights must be >= 0")
-        return a2.to(device), n.to(device), weights
+        """``(a2, n, weights)`` from ``indices_tuple.weights`` (checked, values included: the
+        cpu path; ``utils.gpu_inputs.pair_weights``), or ``None``."""
+        weights = pair_weights(indices_tuple, device, check_values=True)
+        return None if weights is None else (weights.anchors, weights.refs, weights.weights)
 
     def _set_empty_stats(self):
         self.num_pos_pairs = self.num_neg_pairs = 0
