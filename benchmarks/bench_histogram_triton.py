@@ -25,7 +25,7 @@ import time
 import torch
 
 from pml_rank_plugins.functional.histogram import triton_kernel as tk
-from pml_rank_plugins.functional.soft_histogram import LabelCategories, pair_histograms
+from pml_rank_plugins.functional.histogram.cpu import LabelCategories, pair_histograms
 
 SETTINGS = {
     "default": tk.DEFAULT_TILES,

@@ -111,7 +111,7 @@ def test_make_docs_is_nitpicky():
 
 OUR_NAMES = [
     "pml_rank_plugins.losses.FastAPLoss",
-    "pml_rank_plugins.functional.ranked_list.ranked_list_terms",
+    "pml_rank_plugins.functional.ranked_list.reference.ranked_list_terms",
     "pml_rank_plugins.samplers.base.ClassBatchSampler",
     "FastAPLoss",
     "RankedListMiner",

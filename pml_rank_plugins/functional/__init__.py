@@ -2,8 +2,9 @@
 
 from .average_precision import ranked_average_precision
 from .euclidean import euclidean_distances
-from .histogram_ap import exact_average_precision, histogram_ap, tie_aware_histogram_ap
-from .ranked_list import (
+from .histogram.cpu import PairHistogram, pair_categories, pair_histograms
+from .histogram.reference import exact_average_precision, histogram_ap, tie_aware_histogram_ap
+from .ranked_list.reference import (
     RankedListTerms,
     masked_softmax,
     mine_non_trivial,
@@ -11,7 +12,6 @@ from .ranked_list import (
     ranked_list_terms,
 )
 from .revisited import revisited_evaluate, revisited_map, revisited_ranks
-from .soft_histogram import PairHistogram, pair_categories, pair_histograms
 from .validation import (
     check_embedding_shape,
     check_finite,

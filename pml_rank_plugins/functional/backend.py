@@ -2,8 +2,8 @@
 
 Backends:
 
-* ``cpu``: the chunked kernels tuned for CPU caches (``functional/soft_histogram.py``,
-  ``functional/ranked_list_chunked.py``); the reference results, bit-identical to earlier
+* ``cpu``: the chunked kernels tuned for CPU caches (``functional/histogram/cpu.py``,
+  ``functional/ranked_list/cpu.py``); the reference results, bit-identical to earlier
   releases.
 * ``gpu``: the same mathematics written for an accelerator: few large chunks sized from a fixed
   memory budget (:func:`~pml_rank_plugins.functional.chunking.rows_per_chunk` with

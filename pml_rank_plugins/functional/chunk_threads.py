@@ -1,7 +1,7 @@
 """Coarse-grained parallelism across the chunks of a chunked kernel (CPU).
 
-The chunked kernels (:mod:`~pml_rank_plugins.functional.soft_histogram`,
-:mod:`~pml_rank_plugins.functional.ranked_list_chunked`) run a dozen elementwise operations and a
+The chunked kernels (:mod:`~pml_rank_plugins.functional.histogram.cpu`,
+:mod:`~pml_rank_plugins.functional.ranked_list.cpu`) run a dozen elementwise operations and a
 product on each chunk of query rows. Run one after the other with torch's intra-op threads, every
 operation is a parallel region that ends in a barrier: with ``T`` threads and one core taken by
 another process, each barrier waits for the thread whose core is busy, up to a scheduler time

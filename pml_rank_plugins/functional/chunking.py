@@ -1,7 +1,7 @@
 """Row chunking and pair categories shared by the chunked pairwise kernels.
 
-The histogram kernel (:mod:`~pml_rank_plugins.functional.soft_histogram`) and the chunked Ranked
-List Loss (:mod:`~pml_rank_plugins.functional.ranked_list_chunked`) both process the ``N x M``
+The histogram kernel (:mod:`~pml_rank_plugins.functional.histogram.cpu`) and the chunked Ranked
+List Loss (:mod:`~pml_rank_plugins.functional.ranked_list.cpu`) both process the ``N x M``
 (query, reference) pairs one chunk of query rows at a time, in reused buffers, and need each
 pair's category: 0 = positive, 1 = negative, 2 = ignored (self pair, unmined pair).
 

@@ -23,9 +23,10 @@ like the pair weights, as in the Caffe layer. It is a softmax over the queries o
 ``exp(Tn (alpha - d))`` would (from ``Tn ~ 600``); only a ``T v`` beyond float64's range
 (``T`` near 1e308) raises ``ValueError``.
 
-Used by both kernels, :func:`~pml_rank_plugins.functional.ranked_list.ranked_list_terms` (on its
-``(N, M)`` distances) and
-:func:`~pml_rank_plugins.functional.ranked_list_chunked.chunked_ranked_list_terms` (chunk by
+Used by both kernels,
+:func:`~pml_rank_plugins.functional.ranked_list.reference.ranked_list_terms` (on its ``(N, M)``
+distances) and
+:func:`~pml_rank_plugins.functional.ranked_list.cpu.chunked_ranked_list_terms` (chunk by
 chunk). Pure torch, no PML import.
 """
 

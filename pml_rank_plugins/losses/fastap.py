@@ -5,7 +5,7 @@ from __future__ import annotations
 from pytorch_metric_learning.distances import LpDistance
 
 from ..functional.histogram.ap_losses import masked_ap_losses
-from ..functional.histogram_ap import histogram_ap
+from ..functional.histogram.reference import histogram_ap
 from ..functional.validation import check_int
 from .histogram_ap_base import MAX_NUM_BINS, HistogramAPLoss
 

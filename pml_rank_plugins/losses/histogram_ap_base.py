@@ -7,7 +7,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 
 from ..functional.backend import check_backend, checks_values
 from ..functional.chunk_threads import glue_elements, one_thread_apply, one_torch_thread
-from ..functional.soft_histogram import LabelCategories, pair_categories, pair_histograms
+from ..functional.histogram.cpu import LabelCategories, pair_categories, pair_histograms
 from ..functional.sync_free_inputs import autocast_off
 from ..functional.validation import (
     check_int,

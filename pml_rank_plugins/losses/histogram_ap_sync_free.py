@@ -27,13 +27,13 @@ from pytorch_metric_learning.reducers import MeanReducer
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from ..functional.histogram import dispatch
+from ..functional.histogram.cpu import pair_categories
 from ..functional.histogram.gpu import LabelPairs
 from ..functional.histogram.sync_free import (
     label_counts,
     mined_categories,
     prepare_unit_embeddings,
 )
-from ..functional.soft_histogram import pair_categories
 from ..functional.validation import validate_indices_tuple
 from ..utils.loss_and_miner_utils import check_loss_labels, pair_masks
 

@@ -6,8 +6,8 @@ import torch
 from pytorch_metric_learning.distances import CosineSimilarity
 
 from ..functional.histogram.ap_losses import masked_ap_losses
+from ..functional.histogram.reference import histogram_ap, tie_aware_histogram_ap
 from ..functional.histogram.sync_free import balanced_query_weights
-from ..functional.histogram_ap import histogram_ap, tie_aware_histogram_ap
 from ..functional.validation import check_int
 from .histogram_ap_base import MAX_NUM_BINS, HistogramAPLoss
 

@@ -11,14 +11,14 @@ from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.backend import checks_values
 from ..functional.chunk_threads import glue_elements, one_thread_apply, one_torch_thread
-from ..functional.ranked_list import (
+from ..functional.ranked_list.cpu import SparseWeights, chunked_ranked_list_terms
+from ..functional.ranked_list.reference import (
     check_query_weighting,
     check_rll_params,
     default_alpha,
     ranked_list_terms,
     term_weights,
 )
-from ..functional.ranked_list_chunked import SparseWeights, chunked_ranked_list_terms
 from ..functional.screened_inputs import normalize_rows_screened, prepare_embeddings_screened
 from ..functional.sync_free_inputs import autocast_off
 from ..functional.validation import validate_indices_tuple
@@ -97,7 +97,7 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
             (``pml_rank_plugins.functional.backend``). ``cpu``: the chunked kernel above
             (sparse mined pairs, CPU-cache chunks). ``gpu``: dense chunks from a fixed memory
             budget, no host synchronisation in forward or backward
-            (``pml_rank_plugins.functional.ranked_list_gpu``; same values and gradients to
+            (``pml_rank_plugins.functional.ranked_list.gpu``; same values and gradients to
             rounding); ``triton`` runs the ``gpu`` path (no Triton kernel for this family, see
             that module). Keyword-only.
         check_values: read input values back to validate them (finite embeddings, index ranges
@@ -151,7 +151,7 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
     accepted ``lam``.
 
     Cost: with PML's default ``LpDistance(p=2, power=1)`` (normalized or not) the loss runs the
-    chunked kernel ``pml_rank_plugins.functional.ranked_list_chunked``: O(N M d) time, memory
+    chunked kernel ``pml_rank_plugins.functional.ranked_list.cpu``: O(N M d) time, memory
     O(threads x chunk_size x M) floats (one chunk buffer per CPU thread) + O(number of mined
     pairs), no float N x M tensor (plus N M bytes
     of pair categories with an ``indices_tuple``). ``chunk_size``: query rows per chunk

@@ -9,13 +9,13 @@ from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.backend import checks_values, resolve_backend
 from ..functional.chunk_threads import glue_elements, one_torch_thread
-from ..functional.ranked_list import (
+from ..functional.ranked_list.cpu import chunked_ranked_list_mining
+from ..functional.ranked_list.reference import (
     check_rll_params,
     default_alpha,
     mine_non_trivial,
     negative_weights,
 )
-from ..functional.ranked_list_chunked import chunked_ranked_list_mining
 from ..functional.validation import (
     check_label_values,
     check_labels,
@@ -53,7 +53,7 @@ class RankedListMiner(BaseMiner):
     empty ``ref_emb`` gives empty tuples.
 
     Cost: with the default ``LpDistance(p=2, power=1)`` mining runs chunk by chunk
-    (``pml_rank_plugins.functional.ranked_list_chunked.chunked_ranked_list_mining``,
+    (``pml_rank_plugins.functional.ranked_list.cpu.chunked_ranked_list_mining``,
     ``chunk_size`` query rows at a time): O(N M d) time, O(chunk_size x M) working memory plus
     the output; any other distance object is called as is (O(N M) memory).
 
@@ -77,7 +77,7 @@ class RankedListMiner(BaseMiner):
         alpha: keyword-only; ``None`` (default): ``1 + margin / 2``, as the loss.
         chunk_size: query rows per chunk (``None``: automatic).
         backend: as :class:`~pml_rank_plugins.losses.RankedListLoss` (``gpu`` / ``triton``:
-            ``pml_rank_plugins.functional.ranked_list_gpu_mining``). A miner returns index
+            ``pml_rank_plugins.functional.ranked_list.gpu_mining``). A miner returns index
             tuples whose lengths depend on the data, so no backend can mine without reading
             back from the device: the ``gpu`` path does it exactly once per call (the pair
             counts, one device-to-host copy), the ``cpu`` path once per chunk and pair kind.

@@ -15,7 +15,7 @@ import torch
 from pytorch_metric_learning.distances import BaseDistance, LpDistance
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
-from ..functional.ranked_list_gpu_steps import (
+from ..functional.ranked_list.gpu_steps import (
     DensePairs,
     DenseWeights,
     LabelPairs,

@@ -31,7 +31,7 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from ..functional.chunk_threads import one_thread_apply
 from ..functional.chunking import LabelCategories
 from ..functional.euclidean import euclidean_distances
-from ..functional.soft_histogram import pair_categories
+from ..functional.histogram.cpu import pair_categories
 from ..functional.validation import (
     check_int,
     check_label_values,

@@ -1,12 +1,12 @@
 """The ``gpu`` / ``triton`` paths of :class:`~pml_rank_plugins.losses.RankedListLoss` and
 :class:`~pml_rank_plugins.miners.RankedListMiner` (selected by
 :func:`~pml_rank_plugins.functional.backend.resolve_backend`; the ``triton`` backend runs this
-path too, the family has no Triton kernel: see :mod:`pml_rank_plugins.functional.ranked_list_gpu`).
+path too, the family has no Triton kernel: see :mod:`pml_rank_plugins.functional.ranked_list.gpu`).
 
 The loss reads no tensor value on the host (forward and backward: zero syncing operators) unless
 ``check_values`` (:func:`~pml_rank_plugins.functional.backend.checks_values`). The miner returns
 index tuples whose sizes depend on the data, so it cannot be sync-free: it reads the mined-pair
-counts back once per call (:func:`pml_rank_plugins.functional.ranked_list_gpu_mining.host_counts`)
+counts back once per call (:func:`pml_rank_plugins.functional.ranked_list.gpu_mining.host_counts`)
 and nothing else.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 
 from ..functional.backend import check_backend
-from ..functional.ranked_list_gpu import gpu_ranked_list_terms, gpu_ranked_list_terms_dense
-from ..functional.ranked_list_gpu_mining import gpu_mining_from_dist, gpu_ranked_list_mining
-from ..functional.ranked_list_gpu_steps import LabelPairs
+from ..functional.ranked_list.gpu import gpu_ranked_list_terms, gpu_ranked_list_terms_dense
+from ..functional.ranked_list.gpu_mining import gpu_mining_from_dist, gpu_ranked_list_mining
+from ..functional.ranked_list.gpu_steps import LabelPairs
 from ..functional.sync_free_inputs import check_indices_tuple, prepare_embeddings
 from .gpu_inputs import distance_matrix, euclidean_embeddings, pair_source, pair_weights
 from .loss_and_miner_utils import WeightedPairs

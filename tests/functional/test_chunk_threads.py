@@ -6,14 +6,14 @@ import threading
 import pytest
 import torch
 
-from pml_rank_plugins.functional import ranked_list_chunked
 from pml_rank_plugins.functional.chunk_threads import ExclusiveRows, chunk_workers, map_chunks
 from pml_rank_plugins.functional.chunking import DenseCategories, LabelCategories
-from pml_rank_plugins.functional.ranked_list_chunked import (
+from pml_rank_plugins.functional.histogram.cpu import pair_histograms
+from pml_rank_plugins.functional.ranked_list import cpu as ranked_list_chunked
+from pml_rank_plugins.functional.ranked_list.cpu import (
     chunked_ranked_list_mining,
     chunked_ranked_list_terms,
 )
-from pml_rank_plugins.functional.soft_histogram import pair_histograms
 
 # torch's CPU threads: on the CPU whatever TEST_DEVICE (tests/conftest.py)
 pytestmark = pytest.mark.cpu_only

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pml_rank_plugins.functional import ranked_list_gpu_steps as steps
 from pml_rank_plugins.functional.histogram import gpu, sync_free
+from pml_rank_plugins.functional.ranked_list import gpu_steps as steps
 from pml_rank_plugins.functional.sync_free_inputs import autocast_off
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from pytorch_metric_learning.distances import LpDistance
 
-from pml_rank_plugins.functional import chunk_threads, soft_histogram, validation
+from pml_rank_plugins.functional import chunk_threads, validation
 from pml_rank_plugins.functional.chunk_threads import (
     GLUE_MAX_ELEMENTS,
     chunk_workers,
@@ -18,6 +18,7 @@ from pml_rank_plugins.functional.chunk_threads import (
     one_thread_apply,
     one_torch_thread,
 )
+from pml_rank_plugins.functional.histogram import cpu as soft_histogram
 from pml_rank_plugins.functional.screened_inputs import normalize_rows_screened
 from pml_rank_plugins.functional.validation import normalize_rows
 from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss, RankedListLoss

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import pml_rank_plugins.functional.query_weighting as query_weighting
-import pml_rank_plugins.functional.ranked_list as ranked_list
-import pml_rank_plugins.functional.ranked_list_params as ranked_list_params
+import pml_rank_plugins.functional.ranked_list.params as ranked_list_params
+import pml_rank_plugins.functional.ranked_list.reference as ranked_list
 from pml_rank_plugins.functional.query_weighting import (
     QUERY_WEIGHTINGS,
     check_query_weighting,

@@ -5,7 +5,7 @@ import pytest
 import torch
 from pytorch_metric_learning.distances import LpDistance
 
-import pml_rank_plugins.functional.ranked_list_gpu_mining as mining_module
+import pml_rank_plugins.functional.ranked_list.gpu_mining as mining_module
 from pml_rank_plugins.functional import chunking
 from pml_rank_plugins.functional.backend import use_backend
 from pml_rank_plugins.miners import RankedListMiner, WeightedPairs

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from pml_rank_plugins.functional.chunking import LabelCategories
-from pml_rank_plugins.functional.soft_histogram import pair_categories
+from pml_rank_plugins.functional.histogram.cpu import pair_categories
 from pml_rank_plugins.utils.loss_and_miner_utils import (
     check_chunk_size,
     pair_masks,

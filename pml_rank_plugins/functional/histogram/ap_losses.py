@@ -1,7 +1,7 @@
 """Per-query ``1 - AP`` from the histograms, with a closed-form backward (``gpu`` / ``triton``).
 
-The values of :func:`pml_rank_plugins.functional.histogram_ap.histogram_ap` (FastAP eq. 14,
-AP_Q eq. 9-11) and :func:`~pml_rank_plugins.functional.histogram_ap.tie_aware_histogram_ap`
+The values of :func:`pml_rank_plugins.functional.histogram.reference.histogram_ap` (FastAP eq. 14,
+AP_Q eq. 9-11) and :func:`~pml_rank_plugins.functional.histogram.reference.tie_aware_histogram_ap`
 (AP_T eq. 13), to float rounding, masked to the ranked queries; the gradient written out instead
 of recorded by autograd, so a forward + backward is about 25 dispatched operators instead of 45.
 

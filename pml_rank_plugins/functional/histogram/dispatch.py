@@ -1,6 +1,6 @@
 """The one dispatch point of the soft-histogram kernel: ``cpu``, ``gpu`` or ``triton``.
 
-* ``cpu``: :func:`pml_rank_plugins.functional.soft_histogram.pair_histograms`, unchanged (its
+* ``cpu``: :func:`pml_rank_plugins.functional.histogram.cpu.pair_histograms`, unchanged (its
   results are bit-identical to earlier releases).
 * ``gpu``: :func:`.gpu.pair_histograms`, sync-free, chunked from a fixed memory budget.
 * ``triton``: :func:`.triton_kernel.triton_pair_histograms`, the fused tiled kernel, which takes
@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import soft_histogram
 from ..backend import resolve_backend
 from ..chunking import DenseCategories, LabelCategories
-from . import gpu, triton_kernel
+from . import cpu, gpu, triton_kernel
 
 _RESOLVED = frozenset({"cpu", "gpu", "triton"})
 
@@ -36,12 +35,12 @@ def pair_histograms(
     backend: str | None = None,
 ) -> torch.Tensor:
     """``(N, 2, num_intervals + 1)`` positive/negative soft histograms of
-    ``offset + scale * queries @ refs.T`` (see :mod:`pml_rank_plugins.functional.soft_histogram`)
+    ``offset + scale * queries @ refs.T`` (see :mod:`pml_rank_plugins.functional.histogram.cpu`)
     computed by ``backend``.
 
     Args:
         queries, refs, categories, offset, scale, num_intervals, chunk_size: as
-            :func:`pml_rank_plugins.functional.soft_histogram.pair_histograms` (``categories``:
+            :func:`pml_rank_plugins.functional.histogram.cpu.pair_histograms` (``categories``:
             an int8 ``(N, M)`` tensor, a ``LabelCategories`` or a ``DenseCategories``).
         backend: ``"cpu"``, ``"gpu"``, ``"triton"``, ``"auto"`` or ``None`` (resolved from the
             queries' device and the selection rule of :mod:`pml_rank_plugins.functional.backend`).
@@ -54,7 +53,7 @@ def pair_histograms(
     # and checked.
     name = backend if backend in _RESOLVED else resolve_backend(queries.device, backend)
     if name == "cpu":
-        return soft_histogram.pair_histograms(
+        return cpu.pair_histograms(
             queries, refs, categories, offset, scale, num_intervals, chunk_size
         )
     if name == "gpu":

@@ -1,7 +1,7 @@
 """Soft histograms of pairwise scores for an accelerator: few large chunks, no host sync.
 
 The same mathematics and the same values (to float rounding) as
-:func:`pml_rank_plugins.functional.soft_histogram.pair_histograms`: the ``(N, 2, L + 1)``
+:func:`pml_rank_plugins.functional.histogram.cpu.pair_histograms`: the ``(N, 2, L + 1)``
 positive/negative histograms of ``u = offset + scale * Q R^T`` with the two-bin triangular
 kernel, values outside ``[0, L]`` saturating into the end bins with zero gradient, and at a kink
 (a value exactly on a bin centre) the slope of the interval above it. Written for a GPU:
@@ -303,7 +303,7 @@ def pair_histograms(
 ) -> torch.Tensor:
     """Positive/negative soft histograms, ``(N, 2, num_intervals + 1)``, on any device without a
     host sync; the arguments and values of
-    :func:`pml_rank_plugins.functional.soft_histogram.pair_histograms`.
+    :func:`pml_rank_plugins.functional.histogram.cpu.pair_histograms`.
 
     Args:
         queries: ``(N, d)`` L2-normalized query embeddings (float32 or float64).

@@ -1,6 +1,6 @@
 """A fused Triton kernel for the positive/negative soft histograms of the AP losses.
 
-Same mathematics as :func:`~pml_rank_plugins.functional.soft_histogram.pair_histograms` (the
+Same mathematics as :func:`~pml_rank_plugins.functional.histogram.cpu.pair_histograms` (the
 reference; read its module docstring): for each query ``i`` and reference ``j`` the value
 ``u = offset + scale * q_i . r_j`` (bin units) is clamped to ``[0, L]`` and spread over the
 ``L + 1`` bin centres ``l`` with the triangular kernel ``max(0, 1 - |u - l|)`` (two-bin linear
@@ -288,7 +288,7 @@ def triton_pair_histograms(
 ) -> torch.Tensor:
     """Positive/negative soft histograms ``(N, 2, num_intervals + 1)`` by the fused kernel.
 
-    Equal to :func:`~pml_rank_plugins.functional.soft_histogram.pair_histograms` to float32
+    Equal to :func:`~pml_rank_plugins.functional.histogram.cpu.pair_histograms` to float32
     rounding, values and gradients (module docstring). Differentiable w.r.t. ``queries`` and
     ``refs`` (``refs`` may be ``queries``).
 

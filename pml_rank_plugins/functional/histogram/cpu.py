@@ -42,14 +42,14 @@ from __future__ import annotations
 
 import torch
 
-from .chunk_threads import (
+from ..chunk_threads import (
     ExclusiveRows,
     chunk_workers,
     glue_elements,
     map_chunks,
     one_torch_thread,
 )
-from .chunking import (  # noqa: F401 (re-exported: the chunking helpers used to live here)
+from ..chunking import (  # noqa: F401 (re-exported: the chunking helpers used to live here)
     CACHE_CHUNK_ELEMENTS,
     IGNORED,
     MAX_CHUNK_ELEMENTS,

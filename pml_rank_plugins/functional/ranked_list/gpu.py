@@ -1,11 +1,11 @@
 """Ranked List Loss for accelerators: dense chunks, no host synchronisation (the ``gpu`` backend).
 
-The same loss and gradients as :func:`~pml_rank_plugins.functional.ranked_list_chunked.
+The same loss and gradients as :func:`~pml_rank_plugins.functional.ranked_list.cpu.
 chunked_ranked_list_terms` (Wang et al., CVPR 2019, eqs. 8-14: constant pair weights, so each
 query's loss is linear in its mined distances), for the Euclidean distance
 ``d_ij = sqrt(max(0, |q_i|^2 + |r_j|^2 - 2 q_i.r_j))``, written for a device that runs a queue of
 kernels: every step is a mask or a multiplication over a dense ``(rows, M)`` chunk
-(:mod:`~pml_rank_plugins.functional.ranked_list_gpu_steps`), never ``nonzero``, boolean
+(:mod:`~pml_rank_plugins.functional.ranked_list.gpu_steps`), never ``nonzero``, boolean
 indexing, ``.item()``, ``bool(tensor)``, ``unique``, ``bincount`` or ``int(...)`` of device
 data, so the host queues forward and backward without waiting for the device. The ``cpu``
 kernel instead keeps the few mined pairs as a sparse list (fast in CPU caches, but each chunk
@@ -40,11 +40,12 @@ from typing import Optional, Union
 
 import torch
 
-from .chunking import rows_per_chunk
-from .query_weighting import check_query_weighting, log_weight_sums
-from .ranked_list import RankedListTerms, _LinearInDistance
-from .ranked_list_chunk_steps import ChunkParams
-from .ranked_list_gpu_steps import (
+from ..chunking import rows_per_chunk
+from ..query_weighting import check_query_weighting, log_weight_sums
+from ..sync_free_inputs import autocast_off
+from ..validation import check_finite, compute_dtype
+from .cpu_steps import ChunkParams
+from .gpu_steps import (
     DensePairs,
     DenseWeights,
     LabelPairs,
@@ -54,9 +55,8 @@ from .ranked_list_gpu_steps import (
     row_sums,
     weights,
 )
-from .ranked_list_params import check_loss_finite, check_loss_range, check_rll_params
-from .sync_free_inputs import autocast_off
-from .validation import check_finite, compute_dtype
+from .params import check_loss_finite, check_loss_range, check_rll_params
+from .reference import RankedListTerms, _LinearInDistance
 
 PairSource = Union[LabelPairs, DensePairs]
 
@@ -222,18 +222,18 @@ def gpu_ranked_list_terms(
         refs: ``(M, d)`` references in the same dtype (``queries`` itself: gradient through
             both ends of every pair; ``queries.detach()``: through the query side only).
         pairs: the candidate pairs, a
-            :class:`~pml_rank_plugins.functional.ranked_list_gpu_steps.LabelPairs` or
-            :class:`~pml_rank_plugins.functional.ranked_list_gpu_steps.DensePairs`.
+            :class:`~pml_rank_plugins.functional.ranked_list.gpu_steps.LabelPairs` or
+            :class:`~pml_rank_plugins.functional.ranked_list.gpu_steps.DensePairs`.
         alpha, margin, Tn, Tp, lam, lam_pos, query_weighting: as in
-            :func:`~pml_rank_plugins.functional.ranked_list.ranked_list_terms`.
+            :func:`~pml_rank_plugins.functional.ranked_list.reference.ranked_list_terms`.
         neg_weights: optional
-            :class:`~pml_rank_plugins.functional.ranked_list_gpu_steps.DenseWeights` replacing
+            :class:`~pml_rank_plugins.functional.ranked_list.gpu_steps.DenseWeights` replacing
             the ``Tn`` weights (renormalized over each query's mined negatives; constants).
         chunk_size: query rows per chunk (``None``: the ``gpu`` budget rule).
         check_values: also check that the loss is finite (reads a value back: one sync).
 
     Returns:
-        :class:`~pml_rank_plugins.functional.ranked_list.RankedListTerms` (``num_pos`` /
+        :class:`~pml_rank_plugins.functional.ranked_list.reference.RankedListTerms` (``num_pos`` /
         ``num_neg`` int64 on the device); ``loss`` is differentiable w.r.t. ``queries`` and
         ``refs``.
 
@@ -282,7 +282,7 @@ def gpu_ranked_list_terms_dense(
     query_weighting: str = "mean",
     check_values: bool = False,
 ) -> RankedListTerms:
-    """:func:`~pml_rank_plugins.functional.ranked_list.ranked_list_terms` on a precomputed
+    """:func:`~pml_rank_plugins.functional.ranked_list.reference.ranked_list_terms` on a precomputed
     ``(N, M)`` distance matrix (any PML distance object), with no host synchronisation: the
     ``gpu`` backend's path for distances other than the plain Euclidean one. Disjoint masks and
     finite distances are only checked with ``check_values``. O(N M) time and memory."""

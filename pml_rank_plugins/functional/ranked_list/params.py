@@ -2,8 +2,8 @@
 CVPR 2019): their checks, PML's default ``alpha``, the two parametrizations of the term weights,
 and the checks that the loss stays representable in the compute dtype.
 
-Notation as in :mod:`~pml_rank_plugins.functional.ranked_list`: negative boundary ``alpha``,
-margin ``m`` (positives pulled within ``alpha - m``), temperatures ``Tn`` (eq. 9) and ``Tp``
+Notation as in :mod:`~pml_rank_plugins.functional.ranked_list.reference`: negative boundary
+``alpha``, margin ``m`` (positives pulled within ``alpha - m``), temperatures ``Tn`` (eq. 9) and ``Tp``
 (positive twin, journal version), ``L = lam_pos L_P + lam L_N`` (eq. 13, ``lam_pos = 1`` in the
 paper). Shared by the dense and chunked kernels, the loss and the miner. All O(1) except
 :func:`check_loss_finite` (O(N)). Pure torch, no PML import.

@@ -1,5 +1,5 @@
 """The per-chunk steps of the chunked Ranked List Loss kernel
-(:mod:`~pml_rank_plugins.functional.ranked_list_chunked`; Wang et al., CVPR 2019, eqs. 8-12), for
+(:mod:`~pml_rank_plugins.functional.ranked_list.cpu`; Wang et al., CVPR 2019, eqs. 8-12), for
 one chunk of query rows against all ``M`` references, in reused ``(rows, M)`` buffers:
 
 1. :func:`mine_chunk`: the Euclidean distances ``D = dist(Q_chunk, R)`` (one product), the
@@ -22,15 +22,16 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .ranked_list import scaled_exp_
-from .ranked_list_sparse import SparseWeights, inverse_or_zero, segment_exp, segment_sum
+from .reference import scaled_exp_
+from .sparse import SparseWeights, inverse_or_zero, segment_exp, segment_sum
 
 _POSITIVE, _NEGATIVE = 0, 1
 
 
 class ChunkParams(NamedTuple):
     """The kernel's parameters as plain floats (``alpha``, ``m``, ``Tn``, ``Tp``, ``lam``,
-    ``lam_pos`` as in :func:`~pml_rank_plugins.functional.ranked_list.ranked_list_terms`)."""
+    ``lam_pos`` as in :func:`~pml_rank_plugins.functional.ranked_list.reference.ranked_list_terms`).
+    """
 
     alpha: float
     margin: float

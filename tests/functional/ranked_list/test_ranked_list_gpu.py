@@ -4,37 +4,37 @@
 import pytest
 import torch
 
-import pml_rank_plugins.functional.ranked_list_gpu_mining as mining_module
+import pml_rank_plugins.functional.ranked_list.gpu_mining as mining_module
 from pml_rank_plugins.functional import chunking
 from pml_rank_plugins.functional.chunking import LabelCategories
 from pml_rank_plugins.functional.euclidean import euclidean_distances
-from pml_rank_plugins.functional.ranked_list import ranked_list_terms
-from pml_rank_plugins.functional.ranked_list_chunked import (
+from pml_rank_plugins.functional.histogram.cpu import pair_categories
+from pml_rank_plugins.functional.ranked_list.cpu import (
     SparseWeights,
     chunked_ranked_list_mining,
     chunked_ranked_list_terms,
 )
-from pml_rank_plugins.functional.ranked_list_gpu import (
+from pml_rank_plugins.functional.ranked_list.gpu import (
     bytes_per_pair,
     chunk_rows_for,
     gpu_ranked_list_terms,
     gpu_ranked_list_terms_dense,
 )
-from pml_rank_plugins.functional.ranked_list_gpu_mining import (
+from pml_rank_plugins.functional.ranked_list.gpu_mining import (
     gpu_mining_from_dist,
     gpu_ranked_list_mining,
 )
-from pml_rank_plugins.functional.ranked_list_gpu_steps import (
+from pml_rank_plugins.functional.ranked_list.gpu_steps import (
     DensePairs,
     DenseWeights,
     LabelPairs,
     dense_pair_categories,
 )
-from pml_rank_plugins.functional.soft_histogram import pair_categories
+from pml_rank_plugins.functional.ranked_list.reference import ranked_list_terms
 from pml_rank_plugins.functional.sync_free_inputs import check_indices_tuple, normalize_rows
 from pml_rank_plugins.functional.validation import normalize_rows as host_normalize_rows
 from pml_rank_plugins.utils.op_count import OpCounter
-from tests.functional.test_ranked_list_chunked import ALPHA, MARGIN, PARAMS, problem
+from tests.functional.ranked_list.test_ranked_list_chunked import ALPHA, MARGIN, PARAMS, problem
 
 # None: one chunk under the 2 GiB budget; "budget": several chunks from a patched budget.
 CHUNKS = [None, 1, 3, 7, "budget"]

@@ -2,15 +2,15 @@ import pytest
 import torch
 from torch.autograd import gradcheck
 
-from pml_rank_plugins.functional import soft_histogram
-from pml_rank_plugins.functional.soft_histogram import (
+from pml_rank_plugins.functional.histogram import cpu as soft_histogram
+from pml_rank_plugins.functional.histogram.cpu import (
     LabelCategories,
     pair_categories,
     pair_histograms,
     rows_per_chunk,
 )
 
-from ..reference_histogram_ap import dense_kernel
+from ...reference_histogram_ap import dense_kernel
 
 
 def dense_histograms(q, r, categories, offset, scale, num_intervals):

@@ -1,14 +1,14 @@
 """Chunked Ranked List Loss kernel: O(chunk x M) memory, no float N x M tensor in either pass.
 
-Same loss as :func:`pml_rank_plugins.functional.ranked_list.ranked_list_terms` (Wang et al.,
-CVPR 2019, eqs. 8-14; the weights are constants, so each query's loss is linear in its mined
+Same loss as :func:`pml_rank_plugins.functional.ranked_list.reference.ranked_list_terms`
+(Wang et al., CVPR 2019, eqs. 8-14; the weights are constants, so each query's loss is linear in its mined
 distances), computed straight from the embeddings for the Euclidean distance
 ``d_ij = ||q_i - r_j||`` (``sqrt(max(0, |q|^2 + |r|^2 - 2 q.r))``, as
 :func:`~pml_rank_plugins.functional.euclidean.euclidean_distances`).
 
 Per chunk of query rows (:func:`~pml_rank_plugins.functional.chunking.rows_per_chunk`), in
 buffers allocated once and reused (steps 1-4:
-:mod:`~pml_rank_plugins.functional.ranked_list_chunk_steps`):
+:mod:`~pml_rank_plugins.functional.ranked_list.cpu_steps`):
 
 1. ``D = dist(Q_chunk, R)`` (one ``(rows, d) x (d, M)`` product);
 2. candidates from the pair categories (derived from the labels per chunk, or rows of a dense
@@ -48,17 +48,16 @@ from typing import Optional
 
 import torch
 
-from .chunk_threads import (
+from ..chunk_threads import (
     ExclusiveRows,
     chunk_workers,
     glue_elements,
     map_chunks,
     one_torch_thread,
 )
-from .chunking import DenseCategories, LabelCategories, rows_per_chunk
-from .query_weighting import check_query_weighting, log_weight_sums, query_scales
-from .ranked_list import RankedListTerms
-from .ranked_list_chunk_steps import (
+from ..chunking import DenseCategories, LabelCategories, rows_per_chunk
+from ..query_weighting import check_query_weighting, log_weight_sums, query_scales
+from .cpu_steps import (
     ChunkParams,
     Workspace,
     dense_chunk_sums,
@@ -66,8 +65,9 @@ from .ranked_list_chunk_steps import (
     mine_chunk,
     sparse_chunk,
 )
-from .ranked_list_params import check_loss_finite, check_loss_range, check_rll_params
-from .ranked_list_sparse import SparseWeights, inverse_or_zero, segment_sum
+from .params import check_loss_finite, check_loss_range, check_rll_params
+from .reference import RankedListTerms
+from .sparse import SparseWeights, inverse_or_zero, segment_sum
 
 # A chunk whose mined pairs are at most this fraction of its pairs keeps them as a sparse list
 # (row, column: int32; coefficient) for the backward, 12-16 bytes per mined pair, i.e. at most
@@ -246,7 +246,7 @@ def chunked_ranked_list_terms(
             :func:`ranked_list_terms`; ``W_i`` uses ``Tn`` / ``Tp`` also with ``neg_weights``.
 
     Returns:
-        :class:`~pml_rank_plugins.functional.ranked_list.RankedListTerms`; ``loss`` is
+        :class:`~pml_rank_plugins.functional.ranked_list.reference.RankedListTerms`; ``loss`` is
         differentiable w.r.t. ``queries`` and ``refs``.
 
     Time O(N M d) (three ``N x M x d`` products, four with reference gradient) + O(N M)

@@ -1,5 +1,5 @@
 """The gpu backend of the soft-histogram kernel (functional/histogram/gpu.py) against the CPU
-kernel (functional/soft_histogram.py): values and gradients (float64 gradcheck, float32 close),
+kernel (functional/histogram/cpu.py): values and gradients (float64 gradcheck, float32 close),
 several chunks from a patched budget, chunk_size, the chunk decision reused by backward, no
 syncing operator, bad inputs; and the dispatch point (functional/histogram/dispatch.py)."""
 
@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pml_rank_plugins.functional import chunking, soft_histogram
+from pml_rank_plugins.functional import chunking
 from pml_rank_plugins.functional.backend import ENV_VAR, use_backend
+from pml_rank_plugins.functional.histogram import cpu as soft_histogram
 from pml_rank_plugins.functional.histogram import dispatch, gpu, triton_kernel
 from pml_rank_plugins.utils.op_count import OpCounter
 

@@ -6,7 +6,7 @@ must learn them: that one read is unavoidable (PML's miners read them through ``
 boolean indexing, one sync each). Here it happens once per call, whatever the number of chunks:
 
 1. pass 1, per chunk (the ``gpu`` chunk rule of
-   :func:`~pml_rank_plugins.functional.ranked_list_gpu.chunk_rows_for`): distances, mined masks
+   :func:`~pml_rank_plugins.functional.ranked_list.gpu.chunk_rows_for`): distances, mined masks
    ``pos & (d > alpha - m)``, ``neg & (d < alpha)`` and the normalized negative weights
    ``exp(Tn (min - d)) / sum`` (eqs. 9, 12); the chunk's two counts stay on the device;
 2. :func:`host_counts`: every chunk's counts in one device-to-host copy (the sync);
@@ -23,10 +23,10 @@ from typing import Optional
 
 import torch
 
-from .ranked_list_chunk_steps import ChunkParams
-from .ranked_list_gpu import chunk_rows_for
-from .ranked_list_gpu_steps import inverse_or_zero, masked_exp, mine
-from .ranked_list_params import check_rll_params
+from .cpu_steps import ChunkParams
+from .gpu import chunk_rows_for
+from .gpu_steps import inverse_or_zero, masked_exp, mine
+from .params import check_rll_params
 
 
 def host_counts(counts: torch.Tensor) -> list[list[int]]:
@@ -70,10 +70,10 @@ def gpu_ranked_list_mining(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(a1, p, a2, n, weights)``: RLL's non-trivial pairs of ``queries`` ``(N, d)`` against
     ``refs`` ``(M, d)`` (Euclidean) with candidates from ``pairs`` (a
-    :class:`~pml_rank_plugins.functional.ranked_list_gpu_steps.LabelPairs` or
-    :class:`~pml_rank_plugins.functional.ranked_list_gpu_steps.DensePairs`), sorted by anchor,
+    :class:`~pml_rank_plugins.functional.ranked_list.gpu_steps.LabelPairs` or
+    :class:`~pml_rank_plugins.functional.ranked_list.gpu_steps.DensePairs`), sorted by anchor,
     and each mined negative's normalized weight; the values of
-    :func:`~pml_rank_plugins.functional.ranked_list_chunked.chunked_ranked_list_mining`. No
+    :func:`~pml_rank_plugins.functional.ranked_list.cpu.chunked_ranked_list_mining`. No
     gradient. One host synchronisation (see the module docstring)."""
     check_rll_params(alpha, margin, Tn)
     params = ChunkParams(float(alpha), float(margin), float(Tn), 0.0, 1.0)

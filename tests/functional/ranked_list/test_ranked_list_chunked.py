@@ -7,20 +7,20 @@ from pathlib import Path
 import pytest
 import torch
 
-import pml_rank_plugins.functional.ranked_list_chunked as chunked_module
+import pml_rank_plugins.functional.ranked_list.cpu as chunked_module
 from pml_rank_plugins.functional.chunking import LabelCategories
 from pml_rank_plugins.functional.euclidean import euclidean_distances
-from pml_rank_plugins.functional.ranked_list import (
-    mine_non_trivial,
-    negative_weights,
-    ranked_list_terms,
-)
-from pml_rank_plugins.functional.ranked_list_chunked import (
+from pml_rank_plugins.functional.histogram.cpu import pair_categories
+from pml_rank_plugins.functional.ranked_list.cpu import (
     SparseWeights,
     chunked_ranked_list_mining,
     chunked_ranked_list_terms,
 )
-from pml_rank_plugins.functional.soft_histogram import pair_categories
+from pml_rank_plugins.functional.ranked_list.reference import (
+    mine_non_trivial,
+    negative_weights,
+    ranked_list_terms,
+)
 
 ALPHA, MARGIN = 1.2, 0.4
 CHUNKS = [1, 3, 7, None]
@@ -216,7 +216,7 @@ def test_memory_n8192_allocates_no_n_by_n_float_tensor():
     n = 8192
     env = {
         **os.environ,
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
         "MALLOC_MMAP_THRESHOLD_": "65536",  # freed buffers go back to the OS, not a heap cache
     }
     done = subprocess.run(

@@ -1,5 +1,5 @@
 """The per-chunk steps of the ``gpu`` Ranked List Loss kernel
-(:mod:`~pml_rank_plugins.functional.ranked_list_gpu`; Wang et al., CVPR 2019, eqs. 8-12), written
+(:mod:`~pml_rank_plugins.functional.ranked_list.gpu`; Wang et al., CVPR 2019, eqs. 8-12), written
 without host synchronisation: masks and multiplications, never ``nonzero``, boolean indexing,
 ``.item()``, ``bool(tensor)``, ``unique`` or ``bincount``.
 
@@ -9,7 +9,7 @@ without host synchronisation: masks and multiplications, never ``nonzero``, bool
 * :class:`DenseWeights`: a miner's weights of a sparse pair list scattered into a chunk's rows,
   pairs of other chunks sent to one spare row (no boolean selection).
 * :func:`mine`: distances ``D = dist(Q_chunk, R)`` (one product, the same operations as
-  :func:`~pml_rank_plugins.functional.ranked_list_chunk_steps.mine_chunk`) and RLL's non-trivial
+  :func:`~pml_rank_plugins.functional.ranked_list.cpu_steps.mine_chunk`) and RLL's non-trivial
   mining; :func:`weights`: the unnormalized masked-softmax weights; :func:`row_sums`: ``Z+, S+,
   Z-, S-`` and the mined counts.
 * :func:`query_scales`: the ``"weight_share"`` factors ``N c_i`` without the host checks of
@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 
-from .ranked_list import scaled_exp_
-from .ranked_list_chunk_steps import ChunkParams
+from .cpu_steps import ChunkParams
+from .reference import scaled_exp_
 
 _POSITIVE, _NEGATIVE = 0, 1
 

@@ -1,12 +1,12 @@
 """Sparse parts of the chunked Ranked List Loss
-(:mod:`~pml_rank_plugins.functional.ranked_list_chunked`): a miner's weights as a sparse list
+(:mod:`~pml_rank_plugins.functional.ranked_list.cpu`): a miner's weights as a sparse list
 cut into chunks, and per-row reductions over lists of mined pairs."""
 
 from __future__ import annotations
 
 import torch
 
-from .ranked_list import scaled_exp_
+from .reference import scaled_exp_
 
 
 class SparseWeights:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from pml_rank_plugins.functional.histogram import ap_losses, sync_free
-from pml_rank_plugins.functional.histogram_ap import histogram_ap, tie_aware_histogram_ap
-from pml_rank_plugins.functional.soft_histogram import pair_categories
+from pml_rank_plugins.functional.histogram.cpu import pair_categories
+from pml_rank_plugins.functional.histogram.reference import histogram_ap, tie_aware_histogram_ap
 from pml_rank_plugins.functional.validation import normalize_rows
 from pml_rank_plugins.utils.loss_and_miner_utils import pair_masks
 from pml_rank_plugins.utils.op_count import OpCounter

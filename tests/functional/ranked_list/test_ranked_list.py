@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from pml_rank_plugins.functional.ranked_list import (
+from pml_rank_plugins.functional.ranked_list.reference import (
     masked_softmax,
     mine_non_trivial,
     negative_weights,

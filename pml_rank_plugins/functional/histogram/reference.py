@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .average_precision import ranked_average_precision
+from ..average_precision import ranked_average_precision
 
 
 def histogram_ap(h_pos: torch.Tensor, h_neg: torch.Tensor, num_pos: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,12 @@
 import pytest
 import torch
 
-from pml_rank_plugins.functional.histogram_ap import (
+from pml_rank_plugins.functional.histogram.cpu import pair_categories, pair_histograms
+from pml_rank_plugins.functional.histogram.reference import (
     exact_average_precision,
     histogram_ap,
     tie_aware_histogram_ap,
 )
-from pml_rank_plugins.functional.soft_histogram import pair_categories, pair_histograms
 
 
 def loop_ap(h_pos, h_neg, num_pos, tie_aware=False):

@@ -24,13 +24,13 @@ import torch
 from pml_rank_plugins.functional import histogram
 from pml_rank_plugins.functional.backend import triton_available
 from pml_rank_plugins.functional.histogram import triton_kernel
-from pml_rank_plugins.functional.soft_histogram import LabelCategories, pair_histograms
+from pml_rank_plugins.functional.histogram.cpu import LabelCategories, pair_histograms
 from pml_rank_plugins.losses import CrossBatchMemory, FastAPLoss, QuantizedAPLoss
 
 needs_triton = pytest.mark.skipif(
     not triton_available(), reason="triton is not installed (it is optional)"
 )
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # Small tiles, so that a few rows and columns already need several tiles, several column
 # (forward, grad_Q) / row (grad_R) splits and several embedding blocks (d = 37 > 16).
 SMALL = triton_kernel.Tiles(block_n=16, block_m=16, block_k=16, block_d=16, target_programs=8)
@@ -254,7 +254,7 @@ def main() -> None:
 def interpreter_results():
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    code = "from tests.functional.test_histogram_triton import main; main()"
+    code = "from tests.functional.histogram.test_histogram_triton import main; main()"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

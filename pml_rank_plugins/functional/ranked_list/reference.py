@@ -33,7 +33,7 @@ every mined positive is pulled in and every mined negative pushed out, at any te
 
 Cost: O(N M) time and memory, a handful of ``(N, M)`` element-wise passes. This is the kernel for
 any precomputed distance matrix; for Euclidean distances between embeddings,
-:mod:`~pml_rank_plugins.functional.ranked_list_chunked` computes the same terms in O(chunk x M)
+:mod:`~pml_rank_plugins.functional.ranked_list.cpu` computes the same terms in O(chunk x M)
 memory without ever holding an ``(N, M)`` float matrix.
 """
 
@@ -43,20 +43,20 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .query_weighting import (
+from ..query_weighting import (
     QUERY_WEIGHTINGS,
     check_query_weighting,
     log_weight_sums,
     query_scales,
 )
-from .ranked_list_params import (
+from ..validation import check_finite, compute_dtype
+from .params import (
     check_loss_finite,
     check_loss_range,
     check_rll_params,
     default_alpha,
     term_weights,
 )
-from .validation import check_finite, compute_dtype
 
 
 class RankedListTerms(NamedTuple):
