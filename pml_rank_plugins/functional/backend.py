@@ -111,3 +111,14 @@ def checks_values(backend: str, check_values: bool | None = None) -> bool:
     if check_values is not None:
         return bool(check_values)
     return backend == "cpu"
+
+
+def check_backend_options(backend, check_values) -> tuple[str | None, bool | None]:
+    """``(backend, check_values)``, the two keywords of every loss and miner, checked at
+    construction: ``backend`` ``None`` or one of :data:`BACKENDS` (:func:`check_backend`),
+    ``check_values`` ``None`` or a bool (``ValueError`` otherwise)."""
+    if backend is not None:
+        check_backend(backend, "backend")
+    if check_values is not None and not isinstance(check_values, bool):
+        raise ValueError(f"check_values must be None, True or False, got {check_values!r}")
+    return backend, check_values

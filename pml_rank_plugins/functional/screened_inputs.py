@@ -25,13 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .validation import (
-    NORMALIZE_EPS,
-    check_embedding_shape,
-    check_finite,
-    compute_dtype,
-    normalize_rows,
-)
+from .validation import NORMALIZE_EPS, check_finite, checked_embeddings, normalize_rows
 
 
 def check_finite_screened(tensor: torch.Tensor, name: str) -> None:
@@ -64,16 +58,7 @@ def prepare_embeddings_screened(
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """:func:`~pml_rank_plugins.functional.validation.prepare_embeddings` (``normalize=False``)
     with the screened finiteness check: the same checks, errors and outputs."""
-    is_self = ref_emb is embeddings
-    check_embedding_shape(embeddings, "embeddings")
-    if not is_self:
-        check_embedding_shape(ref_emb, "ref_emb", width=embeddings.shape[1])
-    check_finite_screened(embeddings, "embeddings")
-    if not is_self:
-        check_finite_screened(ref_emb, "ref_emb")
-    dtype = compute_dtype(embeddings.dtype)
-    queries = embeddings.to(dtype)
-    return queries, queries if is_self else ref_emb.to(dtype), is_self
+    return checked_embeddings(embeddings, ref_emb, check_finite_screened)
 
 
 __all__ = ["check_finite_screened", "normalize_rows_screened", "prepare_embeddings_screened"]

@@ -12,9 +12,10 @@ synchronisation per call. Here:
   ``||x|| < eps``): 13 operators forward and 4 backward instead of about 35.
 * :func:`prepare_embeddings`: shape and dtype checks always; finiteness only with
   ``check_values``.
-* :func:`check_indices_tuple`: the structure of an ``indices_tuple`` always (type, integer
-  dtype, 1-D, lengths); index ranges only with ``check_values`` (an out-of-range index then fails
-  in the indexing kernel instead: a device-side assert on CUDA, an ``IndexError`` on CPU).
+* ``indices_tuple``: :func:`~pml_rank_plugins.functional.validation.validate_indices_tuple`
+  with ``check_values``: the structure always (type, integer dtype, 1-D, lengths), index ranges
+  only with ``check_values`` (an out-of-range index then fails in the indexing kernel instead: a
+  device-side assert on CUDA, an ``IndexError`` on CPU).
 
 Pure torch. All O(N D) or O(number of indices).
 """
@@ -25,13 +26,7 @@ import contextlib
 
 import torch
 
-from .validation import (
-    NORMALIZE_EPS,
-    check_embedding_shape,
-    check_finite,
-    compute_dtype,
-    validate_indices_tuple,
-)
+from .validation import NORMALIZE_EPS, check_finite, checked_embeddings
 
 
 class _UnitRows(torch.autograd.Function):
@@ -94,54 +89,9 @@ def prepare_embeddings(
     values unless ``check_values``: 2-D, same width, floating point (always); no NaN/inf (only
     with ``check_values``). Returns ``(queries, refs, is_self)`` in the compute dtype
     (float16/bfloat16 -> float32)."""
-    is_self = ref_emb is embeddings
-    check_embedding_shape(embeddings, "embeddings")
-    if not is_self:
-        check_embedding_shape(ref_emb, "ref_emb", width=embeddings.shape[1])
-        if ref_emb.device != embeddings.device:
-            raise ValueError(
-                f"ref_emb is on {ref_emb.device}, embeddings on {embeddings.device}: move both to "
-                "one device"
-            )
-    if check_values:
-        check_finite(embeddings, "embeddings")
-        if not is_self:
-            check_finite(ref_emb, "ref_emb")
-    dtype = compute_dtype(embeddings.dtype)
-    queries = embeddings.to(dtype)
-    return queries, queries if is_self else ref_emb.to(dtype), is_self
+    return checked_embeddings(
+        embeddings, ref_emb, check_finite if check_values else None, same_device=True
+    )
 
 
-_NAMES = {
-    4: ("positive anchors", "positives", "negative anchors", "negatives"),
-    3: ("anchors", "positives", "negatives"),
-}
-
-
-def check_indices_tuple(indices_tuple, num_queries: int, num_refs: int, check_values: bool):
-    """``validate_indices_tuple`` with ``check_values``; else its host-side part only: a tuple
-    of 3 or 4 1-D integer tensors with matching lengths (``ValueError`` naming the element)."""
-    if check_values or indices_tuple is None:
-        validate_indices_tuple(indices_tuple, num_queries, num_refs)
-        return
-    if not isinstance(indices_tuple, (tuple, list)) or len(indices_tuple) not in (3, 4):
-        # The full check reads no value for these and words the error.
-        validate_indices_tuple(indices_tuple, num_queries, num_refs)
-    names = _NAMES[len(indices_tuple)]
-    for k, (idx, what) in enumerate(zip(indices_tuple, names)):
-        label = f"indices_tuple[{k}] ({what})"
-        if not isinstance(idx, torch.Tensor):
-            raise ValueError(f"{label} must be a torch tensor of indices, got {type(idx).__name__}")
-        if idx.dtype == torch.bool or idx.dtype.is_floating_point or idx.dtype.is_complex:
-            raise ValueError(f"{label} must hold integer indices, got dtype {idx.dtype}")
-        if idx.ndim != 1:
-            raise ValueError(f"{label} must be 1-D, got shape {tuple(idx.shape)}")
-    groups = ((0, 1), (2, 3)) if len(indices_tuple) == 4 else ((0, 1, 2),)
-    for group in groups:
-        lengths = [len(indices_tuple[k]) for k in group]
-        if len(set(lengths)) > 1:
-            listed = ", ".join(f"indices_tuple[{k}] has {n}" for k, n in zip(group, lengths))
-            raise ValueError(f"mismatched lengths: {listed} (they must be equal)")
-
-
-__all__ = ["autocast_off", "check_indices_tuple", "normalize_rows", "prepare_embeddings"]
+__all__ = ["autocast_off", "normalize_rows", "prepare_embeddings"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -120,6 +122,42 @@ def normalize_rows(x: torch.Tensor, eps: float = NORMALIZE_EPS) -> torch.Tensor:
     return unit
 
 
+def checked_embeddings(
+    embeddings: torch.Tensor,
+    ref_emb: torch.Tensor,
+    finite_check: Callable[[torch.Tensor, str], None] | None,
+    same_device: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``(queries, refs, is_self)``: queries and references checked and cast to the compute dtype
+    (float16/bfloat16 -> float32); ``is_self`` is whether ``ref_emb`` *is* ``embeddings`` (then
+    ``refs is queries``). The one body of every backend's input preparation, which differ only in
+    the arguments:
+
+    * shapes always (:func:`check_embedding_shape`: 2-D, floating, the same width);
+    * ``finite_check(tensor, name)`` on each distinct tensor, e.g. :func:`check_finite` (the
+      ``cpu`` path), the screened one of ``screened_inputs``, or ``None`` (the ``gpu`` / ``triton``
+      paths without ``check_values``: no value is read);
+    * ``same_device``: ``ValueError`` when ``ref_emb`` is on another device than ``embeddings``.
+
+    O(N D) (the finiteness check and the cast)."""
+    is_self = ref_emb is embeddings
+    check_embedding_shape(embeddings, "embeddings")
+    if not is_self:
+        check_embedding_shape(ref_emb, "ref_emb", width=embeddings.shape[1])
+        if same_device and ref_emb.device != embeddings.device:
+            raise ValueError(
+                f"ref_emb is on {ref_emb.device}, embeddings on {embeddings.device}: move both to "
+                "one device"
+            )
+    if finite_check is not None:
+        finite_check(embeddings, "embeddings")
+        if not is_self:
+            finite_check(ref_emb, "ref_emb")
+    dtype = compute_dtype(embeddings.dtype)
+    queries = embeddings.to(dtype)
+    return queries, queries if is_self else ref_emb.to(dtype), is_self
+
+
 def prepare_embeddings(
     embeddings: torch.Tensor, ref_emb: torch.Tensor, normalize: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -132,16 +170,7 @@ def prepare_embeddings(
     half precision. ``normalize=True`` also L2-normalizes the rows with ``normalize_rows``
     (no overflow for huge rows; zero rows stay zero with zero gradient).
     """
-    is_self = ref_emb is embeddings
-    check_embedding_shape(embeddings, "embeddings")
-    if not is_self:
-        check_embedding_shape(ref_emb, "ref_emb", width=embeddings.shape[1])
-    check_finite(embeddings, "embeddings")
-    if not is_self:
-        check_finite(ref_emb, "ref_emb")
-    dtype = compute_dtype(embeddings.dtype)
-    queries = embeddings.to(dtype)
-    refs = queries if is_self else ref_emb.to(dtype)
+    queries, refs, is_self = checked_embeddings(embeddings, ref_emb, check_finite)
     if normalize:
         # On one torch thread, backward too (see chunk_threads.one_torch_thread).
         queries = one_thread_apply(normalize_rows, queries)

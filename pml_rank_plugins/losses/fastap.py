@@ -40,13 +40,8 @@ class FastAPLoss(HistogramAPLoss):
     Args:
         num_bins: number of bin spacings ``L`` (1 to ``MAX_NUM_BINS`` = 4096); the default 10 is the
             paper's.
-        chunk_size: query rows per chunk (``None``: automatic).
-        backend: ``"cpu"``, ``"gpu"``, ``"triton"``, ``"auto"`` or ``None`` (the
-            ``use_backend`` context, else ``$PML_RANK_BACKEND``, else ``auto``: ``cpu`` on the
-            CPU, ``gpu`` elsewhere); see :doc:`/performance` (Backends).
-        check_values: read values back to check them (NaN/inf embeddings, index ranges):
-            ``None`` is on for the ``cpu`` backend, off for ``gpu`` / ``triton`` (one host sync
-            each per call).
+        chunk_size, backend, check_values: as
+            :class:`~pml_rank_plugins.losses.histogram_ap_base.HistogramAPLoss`.
         distance: must be PML's ``LpDistance(p=2, power=2, normalize_embeddings=True)`` (default).
     """
 

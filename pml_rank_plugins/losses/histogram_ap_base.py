@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 
-from ..functional.backend import check_backend, checks_values
+from ..functional.backend import check_backend_options, checks_values
 from ..functional.chunk_threads import glue_elements, one_thread_apply, one_torch_thread
 from ..functional.histogram.cpu import LabelCategories, pair_categories, pair_histograms
 from ..functional.sync_free_inputs import autocast_off
@@ -75,6 +75,16 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     overflows its own gradient (GradScaler's default first scale, ``2**16``): the embedding
     gradient is then non-finite (NaN), which GradScaler treats as any overflow -- it skips that
     step and halves the scale (measured; PML's float16 ``FastAPLoss`` does the same).
+
+    Args:
+        chunk_size: query rows per chunk (``None``: automatic).
+        backend: ``"cpu"``, ``"gpu"``, ``"triton"``, ``"auto"`` or ``None`` (the
+            ``use_backend`` context, else ``$PML_RANK_BACKEND``, else ``auto``: ``cpu`` on the
+            CPU, ``gpu`` elsewhere); see :doc:`/performance` (Backends).
+        check_values: read values back to check them (NaN/inf embeddings, index ranges):
+            ``None`` is on for the ``cpu`` backend, off for ``gpu`` / ``triton`` (one host sync
+            each per call).
+        **kwargs: PML's ``BaseMetricLossFunction`` keywords (``distance``, ``reducer``, ...).
     """
 
     def __init__(
@@ -86,10 +96,7 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
     ):
         super().__init__(**kwargs)
         self.chunk_size = None if chunk_size is None else check_int(chunk_size, "chunk_size", 1)
-        self.backend = None if backend is None else check_backend(backend, "backend")
-        if check_values is not None and not isinstance(check_values, bool):
-            raise ValueError(f"check_values must be None, True or False, got {check_values!r}")
-        self.check_values = check_values
+        self.backend, self.check_values = check_backend_options(backend, check_values)
         self._check_distance()
         self.add_to_recordable_attributes(
             list_of_names=["num_valid_queries", "num_skipped_queries"], is_stat=True

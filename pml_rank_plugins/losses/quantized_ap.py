@@ -38,13 +38,8 @@ class QuantizedAPLoss(HistogramAPLoss):
         num_bins: number of bins ``M`` (2 to ``MAX_NUM_BINS`` = 4096; paper default 20).
         class_balanced: weight queries so each class counts equally.
         tie_aware: use mAP_T instead of mAP_Q.
-        chunk_size: query rows per chunk (``None``: automatic).
-        backend: ``"cpu"``, ``"gpu"``, ``"triton"``, ``"auto"`` or ``None`` (the
-            ``use_backend`` context, else ``$PML_RANK_BACKEND``, else ``auto``: ``cpu`` on the
-            CPU, ``gpu`` elsewhere); see :doc:`/performance` (Backends).
-        check_values: read values back to check them (NaN/inf embeddings, index ranges):
-            ``None`` is on for the ``cpu`` backend, off for ``gpu`` / ``triton`` (one host sync
-            each per call).
+        chunk_size, backend, check_values: as
+            :class:`~pml_rank_plugins.losses.histogram_ap_base.HistogramAPLoss`.
         distance: must be PML's ``CosineSimilarity()`` (default).
     """
 

@@ -9,7 +9,7 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.utils import common_functions as c_f
 
-from ..functional.backend import checks_values
+from ..functional.backend import check_backend_options, checks_values
 from ..functional.chunk_threads import glue_elements, one_thread_apply, one_torch_thread
 from ..functional.ranked_list.cpu import SparseWeights, chunked_ranked_list_terms
 from ..functional.ranked_list.reference import (
@@ -22,15 +22,16 @@ from ..functional.ranked_list.reference import (
 from ..functional.screened_inputs import normalize_rows_screened, prepare_embeddings_screened
 from ..functional.sync_free_inputs import autocast_off
 from ..functional.validation import validate_indices_tuple
-from ..utils.gpu_inputs import euclidean_embeddings, pair_weights
+from ..utils.gpu_inputs import pair_weights
 from ..utils.loss_and_miner_utils import (
     check_chunk_size,
     check_loss_labels,
     distance_matrix,
+    euclidean_embeddings,
     pair_masks,
     ranked_list_categories,
 )
-from ..utils.ranked_list_backends import check_backend_options, sync_free_loss_terms
+from ..utils.ranked_list_backends import sync_free_loss_terms
 from .loss_output import call_backend, finish_loss
 from .self_index import SelfIndexForward
 

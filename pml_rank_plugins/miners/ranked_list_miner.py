@@ -7,7 +7,7 @@ from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.miners import BaseMiner
 from pytorch_metric_learning.utils import common_functions as c_f
 
-from ..functional.backend import checks_values, resolve_backend
+from ..functional.backend import check_backend_options, checks_values, resolve_backend
 from ..functional.chunk_threads import glue_elements, one_torch_thread
 from ..functional.ranked_list.cpu import chunked_ranked_list_mining
 from ..functional.ranked_list.reference import (
@@ -31,7 +31,7 @@ from ..utils.loss_and_miner_utils import (
     pair_masks,
     ranked_list_categories,
 )
-from ..utils.ranked_list_backends import check_backend_options, sync_free_mine
+from ..utils.ranked_list_backends import sync_free_mine
 
 
 class RankedListMiner(BaseMiner):

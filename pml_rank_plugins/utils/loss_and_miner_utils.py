@@ -21,6 +21,7 @@ lives in :mod:`pml_rank_plugins.functional`.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -134,6 +135,7 @@ def distance_matrix(
     embeddings: torch.Tensor,
     ref_emb: torch.Tensor,
     gallery_gradient: bool = True,
+    normalize_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``distance(embeddings, ref_emb)``, with ``ref_emb`` detached unless ``gallery_gradient``.
 
@@ -155,20 +157,26 @@ def distance_matrix(
         embeddings: ``(N, D)`` query embeddings.
         ref_emb: ``(M, D)`` gallery embeddings (``embeddings`` itself for the batch).
         gallery_gradient: let gradient flow into the gallery side of every pair.
+        normalize_fn: the row normalization of L2-normalizing distances (``None``:
+            ``normalize_rows``, on one torch thread for the Euclidean path; the ``gpu`` /
+            ``triton`` backends pass the sync-free one of ``functional.sync_free_inputs``).
 
     Returns:
         The ``(N, M)`` distance matrix.
     """
     is_self = ref_emb is embeddings
-    pair = euclidean_embeddings(distance, embeddings, ref_emb, is_self, gallery_gradient)
+    pair = euclidean_embeddings(
+        distance, embeddings, ref_emb, is_self, gallery_gradient, normalize_fn
+    )
     if pair is not None:
         return euclidean_distances(*pair)
     gallery = ref_emb if gallery_gradient else ref_emb.detach()
     if distance.normalize_embeddings and getattr(distance, "p", None) == 2:
         # Pre-normalize overflow-safe (the distance's own F.normalize then leaves unit rows
         # unchanged and zero rows zero, their gradient zeroed by normalize_rows).
-        embeddings = normalize_rows(embeddings)
-        gallery = embeddings if is_self else normalize_rows(gallery)
+        normalize = normalize_rows if normalize_fn is None else normalize_fn
+        embeddings = normalize(embeddings)
+        gallery = embeddings if is_self else normalize(gallery)
         gallery = gallery if gallery_gradient else gallery.detach()
     return distance(embeddings, gallery)
 
@@ -179,6 +187,7 @@ def euclidean_embeddings(
     ref_emb: torch.Tensor,
     is_self: bool,
     gallery_gradient: bool,
+    normalize_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(queries, refs)`` for the chunked Euclidean kernel, or ``None`` for other distances.
 
@@ -197,6 +206,9 @@ def euclidean_embeddings(
         ref_emb: ``(M, D)`` reference embeddings.
         is_self: ``ref_emb`` is the batch itself.
         gallery_gradient: keep ``refs`` attached to the graph.
+        normalize_fn: the row normalization (``None``: ``normalize_rows`` on one torch thread;
+            the ``cpu`` loss passes the screened one, the ``gpu`` / ``triton`` backends the
+            sync-free one: the same values).
 
     Returns:
         ``(queries, refs)`` of shapes ``(N, D)`` and ``(M, D)``, or ``None``.
@@ -208,11 +220,12 @@ def euclidean_embeddings(
     distance.check_shapes(embeddings, gallery)
     # The package's shared normalization (F.normalize's values, no overflow for huge rows, zero
     # gradient for zero rows), on one torch thread, backward too (chunk_threads.one_thread_apply).
-    normalize = (
-        partial(one_thread_apply, normalize_rows)
-        if distance.normalize_embeddings
-        else (lambda rows: rows)
-    )
+    if not distance.normalize_embeddings:
+        normalize = lambda rows: rows  # noqa: E731
+    elif normalize_fn is None:
+        normalize = partial(one_thread_apply, normalize_rows)
+    else:
+        normalize = normalize_fn
     queries = normalize(embeddings)
     if is_self:
         refs = queries if gallery_gradient else queries.detach()

@@ -14,23 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from ..functional.backend import check_backend
 from ..functional.ranked_list.gpu import gpu_ranked_list_terms, gpu_ranked_list_terms_dense
 from ..functional.ranked_list.gpu_mining import gpu_mining_from_dist, gpu_ranked_list_mining
 from ..functional.ranked_list.gpu_steps import LabelPairs
-from ..functional.sync_free_inputs import check_indices_tuple, prepare_embeddings
-from .gpu_inputs import distance_matrix, euclidean_embeddings, pair_source, pair_weights
-from .loss_and_miner_utils import WeightedPairs
-
-
-def check_backend_options(backend, check_values) -> tuple[str | None, bool | None]:
-    """The ``backend`` (``None`` or one of ``functional.backend.BACKENDS``) and ``check_values``
-    (``None`` or a bool) keywords of the loss and the miner, checked at construction."""
-    if backend is not None:
-        check_backend(backend, "backend")
-    if check_values is not None and not isinstance(check_values, bool):
-        raise ValueError(f"check_values must be None, True or False, got {check_values!r}")
-    return backend, check_values
+from ..functional.sync_free_inputs import normalize_rows, prepare_embeddings
+from ..functional.validation import validate_indices_tuple
+from .gpu_inputs import pair_source, pair_weights
+from .loss_and_miner_utils import WeightedPairs, distance_matrix, euclidean_embeddings
 
 
 def sync_free_loss_terms(
@@ -40,7 +30,7 @@ def sync_free_loss_terms(
     reference set, after setting the query counts). ``loss`` supplies the distance and the
     parameters; ``check_values`` adds the ``cpu`` path's value checks."""
     emb, ref, is_self = prepare_embeddings(embeddings, ref_emb, check_values)
-    check_indices_tuple(indices_tuple, len(emb), len(ref), check_values)
+    validate_indices_tuple(indices_tuple, len(emb), len(ref), check_values)
     if len(emb) == 0 or len(ref) == 0:
         loss.num_valid_queries, loss.num_skipped_queries = 0, len(emb)
         return None
@@ -51,7 +41,9 @@ def sync_free_loss_terms(
             pairs = LabelPairs(labels, ref_labels, diagonal=True)
         else:
             pairs = pair_source(labels, ref_labels, indices_tuple, is_self, self_index)
-    chunkable = euclidean_embeddings(loss.distance, emb, ref, is_self, loss.gallery_gradient)
+    chunkable = euclidean_embeddings(
+        loss.distance, emb, ref, is_self, loss.gallery_gradient, normalize_rows
+    )
     if chunkable is not None:
         return gpu_ranked_list_terms(
             *chunkable,
@@ -61,7 +53,7 @@ def sync_free_loss_terms(
             chunk_size=loss.chunk_size,
             check_values=check_values,
         )
-    dist = distance_matrix(loss.distance, emb, ref, loss.gallery_gradient)
+    dist = distance_matrix(loss.distance, emb, ref, loss.gallery_gradient, normalize_rows)
     with torch.no_grad():
         pos, neg = pairs.candidates(0, len(emb))
     return gpu_ranked_list_terms_dense(
@@ -80,13 +72,13 @@ def sync_free_mine(
             miner.num_anchors_nothing_mined = len(emb)
         return WeightedPairs(empty, empty, empty, empty, weights=emb.new_zeros(0))
     pairs = pair_source(labels, ref_labels, None, is_self, self_index)
-    chunkable = euclidean_embeddings(miner.distance, emb, ref, is_self, False)
+    chunkable = euclidean_embeddings(miner.distance, emb, ref, is_self, False, normalize_rows)
     if chunkable is not None:
         a1, p, a2, n, weights = gpu_ranked_list_mining(
             *chunkable, pairs, miner.alpha, miner.margin, miner.Tn, miner.chunk_size
         )
     else:
-        dist = distance_matrix(miner.distance, emb, ref, False)
+        dist = distance_matrix(miner.distance, emb, ref, False, normalize_rows)
         a1, p, a2, n, weights = gpu_mining_from_dist(
             dist, pairs, miner.alpha, miner.margin, miner.Tn
         )
@@ -98,4 +90,4 @@ def sync_free_mine(
     return WeightedPairs(a1, p, a2, n, weights=weights)
 
 
-__all__ = ["check_backend_options", "sync_free_loss_terms", "sync_free_mine"]
+__all__ = ["sync_free_loss_terms", "sync_free_mine"]

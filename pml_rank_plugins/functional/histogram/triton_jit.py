@@ -112,13 +112,16 @@ if triton is not None:
         tl.store(at + NUM_BINS, hist_neg, mask=ok)
 
     @triton.jit
-    def _score_grads(q_ptr, r_ptr, lab_ptr, rlab_ptr, self_ptr, cat_ptr, slope_ptr,
-                     rows, cols, row_ok, col_ok, d, sqn, sqd, srm, srd, scn, scm, shift, scale,
-                     NUM_BINS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_K: tl.constexpr, DENSE: tl.constexpr, HAS_SELF: tl.constexpr,
-                     PRECISION: tl.constexpr):
-        """``dLoss/dS`` on a tile, recomputed: the slope table (already times ``scale``) read at
-        each pair's category and bin interval; zero for ignored pairs and clamped values."""
+    def _accumulate_gradient(acc, q_ptr, r_ptr, lab_ptr, rlab_ptr, self_ptr, cat_ptr, slope_ptr,
+                             rows, cols, row_ok, col_ok, dims, dim_ok, d, sqn, sqd, srm, srd,
+                             scn, scm, shift, scale, NUM_BINS: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                             DENSE: tl.constexpr, HAS_SELF: tl.constexpr,
+                             PRECISION: tl.constexpr, OF_QUERIES: tl.constexpr):
+        """``acc + dS R[cols, dims]`` (``OF_QUERIES``) or ``acc + dS^T Q[rows, dims]`` for one
+        tile: the one body of both gradient kernels (Triton inlines it). ``dS = dLoss/dS`` is
+        recomputed: the slope table (already times ``scale``) read at each pair's category and
+        bin interval; zero for ignored pairs and clamped values."""
         s = _scores(q_ptr, r_ptr, rows, cols, row_ok, col_ok, d, sqn, sqd, srm, srd,
                     BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
         pos, neg = _categories(lab_ptr, rlab_ptr, self_ptr, cat_ptr, scn, scm, rows, cols,
@@ -129,7 +132,16 @@ if triton is not None:
         live = (pos | neg) & (u >= 1.0)
         interval = tl.minimum(u, NUM_BINS * 1.0).to(tl.int32) - 1
         at = rows[:, None] * (2 * NUM_BINS) + neg.to(tl.int32) * NUM_BINS + interval
-        return tl.load(slope_ptr + at, mask=live, other=0.0)
+        ds = tl.load(slope_ptr + at, mask=live, other=0.0)
+        if OF_QUERIES:
+            r = tl.load(r_ptr + cols[:, None] * srm + dims[None, :] * srd,
+                        mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
+            acc = tl.dot(ds, r, acc, input_precision=PRECISION)
+        else:
+            q = tl.load(q_ptr + rows[:, None] * sqn + dims[None, :] * sqd,
+                        mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+            acc = tl.dot(tl.trans(ds), q, acc, input_precision=PRECISION)
+        return acc
 
     @triton.jit
     def grad_queries_kernel(q_ptr, r_ptr, lab_ptr, rlab_ptr, self_ptr, cat_ptr, slope_ptr,
@@ -149,14 +161,10 @@ if triton is not None:
         stop = tl.minimum(first + split_cols, m)
         for c0 in range(first, stop, BLOCK_M):
             cols = c0 + tl.arange(0, BLOCK_M)
-            col_ok = cols < stop
-            ds = _score_grads(q_ptr, r_ptr, lab_ptr, rlab_ptr, self_ptr, cat_ptr, slope_ptr,
-                              rows, cols, row_ok, col_ok, d, sqn, sqd, srm, srd, scn, scm,
-                              shift, scale, NUM_BINS, BLOCK_N, BLOCK_M, BLOCK_K, DENSE,
-                              HAS_SELF, PRECISION)
-            r = tl.load(r_ptr + cols[:, None] * srm + dims[None, :] * srd,
-                        mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
-            acc = tl.dot(ds, r, acc, input_precision=PRECISION)
+            acc = _accumulate_gradient(acc, q_ptr, r_ptr, lab_ptr, rlab_ptr, self_ptr, cat_ptr,
+                                       slope_ptr, rows, cols, row_ok, cols < stop, dims, dim_ok,
+                                       d, sqn, sqd, srm, srd, scn, scm, shift, scale, NUM_BINS,
+                                       BLOCK_N, BLOCK_M, BLOCK_K, DENSE, HAS_SELF, PRECISION, True)
         at = out_ptr + (split * n + rows[:, None]) * d + dims[None, :]
         tl.store(at, acc, mask=row_ok[:, None] & dim_ok[None, :])
 
@@ -178,14 +186,11 @@ if triton is not None:
         stop = tl.minimum(first + split_rows, n)
         for r0 in range(first, stop, BLOCK_N):
             rows = r0 + tl.arange(0, BLOCK_N)
-            row_ok = rows < stop
-            ds = _score_grads(q_ptr, r_ptr, lab_ptr, rlab_ptr, self_ptr, cat_ptr, slope_ptr,
-                              rows, cols, row_ok, col_ok, d, sqn, sqd, srm, srd, scn, scm,
-                              shift, scale, NUM_BINS, BLOCK_N, BLOCK_M, BLOCK_K, DENSE,
-                              HAS_SELF, PRECISION)
-            q = tl.load(q_ptr + rows[:, None] * sqn + dims[None, :] * sqd,
-                        mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
-            acc = tl.dot(tl.trans(ds), q, acc, input_precision=PRECISION)
+            acc = _accumulate_gradient(acc, q_ptr, r_ptr, lab_ptr, rlab_ptr, self_ptr, cat_ptr,
+                                       slope_ptr, rows, cols, rows < stop, col_ok, dims, dim_ok,
+                                       d, sqn, sqd, srm, srd, scn, scm, shift, scale, NUM_BINS,
+                                       BLOCK_N, BLOCK_M, BLOCK_K, DENSE, HAS_SELF, PRECISION,
+                                       False)
         at = out_ptr + (split * m + cols[:, None]) * d + dims[None, :]
         tl.store(at, acc, mask=col_ok[:, None] & dim_ok[None, :])
     # fmt: on

@@ -31,8 +31,9 @@ from pml_rank_plugins.functional.ranked_list.gpu_steps import (
     dense_pair_categories,
 )
 from pml_rank_plugins.functional.ranked_list.reference import ranked_list_terms
-from pml_rank_plugins.functional.sync_free_inputs import check_indices_tuple, normalize_rows
+from pml_rank_plugins.functional.sync_free_inputs import normalize_rows
 from pml_rank_plugins.functional.validation import normalize_rows as host_normalize_rows
+from pml_rank_plugins.functional.validation import validate_indices_tuple
 from pml_rank_plugins.utils.op_count import OpCounter
 from tests.functional.ranked_list.test_ranked_list_chunked import ALPHA, MARGIN, PARAMS, problem
 
@@ -265,16 +266,16 @@ def test_sync_free_normalize_equals_the_host_one_values_and_gradients():
 def test_structural_indices_tuple_checks_read_no_value():
     a = torch.tensor([0, 1])
     with OpCounter(forbid_syncs=True):
-        check_indices_tuple((a, a, a, a), 2, 2, check_values=False)
-        check_indices_tuple((a, a, torch.tensor([5]), torch.tensor([-1])), 2, 2, False)
+        validate_indices_tuple((a, a, a, a), 2, 2, check_values=False)
+        validate_indices_tuple((a, a, torch.tensor([5]), torch.tensor([-1])), 2, 2, False)
     with pytest.raises(ValueError, match=r"indices_tuple\[3\] \(negatives\) has negative"):
-        check_indices_tuple((a, a, torch.tensor([0]), torch.tensor([-1])), 2, 2, True)
+        validate_indices_tuple((a, a, torch.tensor([0]), torch.tensor([-1])), 2, 2, True)
     with pytest.raises(ValueError, match="mismatched lengths"):
-        check_indices_tuple((a, a, a, torch.tensor([0])), 2, 2, False)
+        validate_indices_tuple((a, a, a, torch.tensor([0])), 2, 2, False)
     with pytest.raises(ValueError, match="integer indices"):
-        check_indices_tuple((a, a, a.float()), 2, 2, False)
+        validate_indices_tuple((a, a, a.float()), 2, 2, False)
     with pytest.raises(ValueError, match="3 \\(triplets\\) or 4"):
-        check_indices_tuple((a, a), 2, 2, False)
+        validate_indices_tuple((a, a), 2, 2, False)
 
 
 def test_bad_inputs_raise():
