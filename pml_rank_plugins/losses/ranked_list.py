@@ -11,14 +11,14 @@ from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.backend import check_backend_options, checks_values
 from ..functional.chunk_threads import glue_elements, one_thread_apply, one_torch_thread
-from ..functional.ranked_list.cpu import SparseWeights, chunked_ranked_list_terms
-from ..functional.ranked_list.reference import (
+from ..functional.ranked_list import (
     check_query_weighting,
     check_rll_params,
     default_alpha,
     ranked_list_terms,
     term_weights,
 )
+from ..functional.ranked_list.cpu import SparseWeights, chunked_ranked_list_terms
 from ..functional.screened_inputs import normalize_rows_screened, prepare_embeddings_screened
 from ..functional.sync_free_inputs import autocast_off
 from ..functional.validation import validate_indices_tuple

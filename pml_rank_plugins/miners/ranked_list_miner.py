@@ -9,13 +9,13 @@ from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..functional.backend import check_backend_options, checks_values, resolve_backend
 from ..functional.chunk_threads import glue_elements, one_torch_thread
-from ..functional.ranked_list.cpu import chunked_ranked_list_mining
-from ..functional.ranked_list.reference import (
+from ..functional.ranked_list import (
     check_rll_params,
     default_alpha,
     mine_non_trivial,
     negative_weights,
 )
+from ..functional.ranked_list.cpu import chunked_ranked_list_mining
 from ..functional.validation import (
     check_label_values,
     check_labels,

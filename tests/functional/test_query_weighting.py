@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import pml_rank_plugins.functional.query_weighting as query_weighting
+import pml_rank_plugins.functional.ranked_list as ranked_list
 import pml_rank_plugins.functional.ranked_list.params as ranked_list_params
-import pml_rank_plugins.functional.ranked_list.reference as ranked_list
 from pml_rank_plugins.functional.query_weighting import (
     QUERY_WEIGHTINGS,
     check_query_weighting,
@@ -106,7 +106,7 @@ def test_check_query_weighting():
             check_query_weighting(bad)
 
 
-def test_moved_helpers_stay_importable_from_ranked_list():
+def test_moved_helpers_stay_importable_from_the_ranked_list_package():
     for name in ("QUERY_WEIGHTINGS", "check_query_weighting", "log_weight_sums", "query_scales"):
         assert getattr(ranked_list, name) is getattr(query_weighting, name), name
     for name in ranked_list_params.__all__:

@@ -56,16 +56,15 @@ from ..chunk_threads import (
     one_torch_thread,
 )
 from ..chunking import DenseCategories, LabelCategories, rows_per_chunk
-from ..query_weighting import check_query_weighting, log_weight_sums, query_scales
+from ..query_weighting import log_weight_sums, query_scales
 from .cpu_steps import (
-    ChunkParams,
     Workspace,
     dense_chunk_sums,
     dense_weights,
     mine_chunk,
     sparse_chunk,
 )
-from .params import check_loss_finite, check_loss_range, check_rll_params
+from .params import check_embedding_pair, check_loss_finite, check_loss_range, checked_params
 from .reference import RankedListTerms
 from .sparse import SparseWeights, inverse_or_zero, segment_sum
 
@@ -253,16 +252,8 @@ def chunked_ranked_list_terms(
     elementwise; memory O(threads x chunk x M) + O((N + M) d) beyond the inputs (see the module
     docstring).
     """
-    check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
-    share = check_query_weighting(query_weighting) == "weight_share"
-    if queries.ndim != 2 or refs.ndim != 2 or queries.shape[1] != refs.shape[1]:
-        raise ValueError(
-            f"need (N, d) queries and (M, d) refs, got {tuple(queries.shape)}, {tuple(refs.shape)}"
-        )
-    if queries.dtype != refs.dtype or not queries.dtype.is_floating_point:
-        raise ValueError(
-            f"queries and refs must share one float dtype, got {queries.dtype}, " f"{refs.dtype}"
-        )
+    params = checked_params(alpha, margin, Tn, Tp, lam, lam_pos, query_weighting=query_weighting)
+    check_embedding_pair(queries, refs)
     if isinstance(categories, torch.Tensor):
         categories = DenseCategories(categories)
     if tuple(categories.shape) != (len(queries), len(refs)):
@@ -270,15 +261,12 @@ def chunked_ranked_list_terms(
             f"categories must have shape {(len(queries), len(refs))}, got {tuple(categories.shape)}"
         )
     check_loss_range(queries.dtype, alpha, lam, lam_pos)
-    params = ChunkParams(
-        float(alpha), float(margin), float(Tn), float(Tp), float(lam), float(lam_pos), share
-    )
     chunk_rows = rows_per_chunk(len(queries), len(refs), chunk_size)
     with torch.autocast(queries.device.type, enabled=False):
         loss, pos_loss, neg_loss, num_pos, num_neg, log_w = _ChunkedRankedList.apply(
             queries, refs, categories, neg_weights, params, chunk_rows
         )
-        if share:
+        if params.share:
             # A constant per query: autograd scales the upstream gradient g_i by it.
             loss = loss * query_scales(log_w, params.Tn, params.Tp).to(loss.dtype)
             check_loss_finite(loss.detach(), params.alpha, params.lam)
@@ -301,10 +289,9 @@ def chunked_ranked_list_mining(
     ``a2[k]``'s mined negatives. Same chunking and memory as :func:`chunked_ranked_list_terms`
     plus the output (O(number of mined pairs)).
     """
-    check_rll_params(alpha, margin, Tn)
+    params = checked_params(alpha, margin, Tn)
     if isinstance(categories, torch.Tensor):
         categories = DenseCategories(categories)
-    params = ChunkParams(float(alpha), float(margin), float(Tn), 0.0, 1.0)
     n, m = len(queries), len(refs)
     chunk_rows = rows_per_chunk(n, m, chunk_size)
     out = [[], [], [], [], []]

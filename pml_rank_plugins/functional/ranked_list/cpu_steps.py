@@ -18,28 +18,15 @@ the chunked kernel (not exported by :mod:`pml_rank_plugins.functional`). Pure to
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
+from .params import ChunkParams
 from .reference import scaled_exp_
 from .sparse import SparseWeights, inverse_or_zero, segment_exp, segment_sum
 
 _POSITIVE, _NEGATIVE = 0, 1
-
-
-class ChunkParams(NamedTuple):
-    """The kernel's parameters as plain floats (``alpha``, ``m``, ``Tn``, ``Tp``, ``lam``,
-    ``lam_pos`` as in :func:`~pml_rank_plugins.functional.ranked_list.reference.ranked_list_terms`).
-    """
-
-    alpha: float
-    margin: float
-    Tn: float
-    Tp: float
-    lam: float
-    lam_pos: float = 1.0
-    share: bool = False  # query_weighting == "weight_share": also compute log W per query
 
 
 class Workspace:

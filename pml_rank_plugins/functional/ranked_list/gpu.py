@@ -41,10 +41,9 @@ from typing import Optional, Union
 import torch
 
 from ..chunking import rows_per_chunk
-from ..query_weighting import check_query_weighting, log_weight_sums
+from ..query_weighting import log_weight_sums
 from ..sync_free_inputs import autocast_off
 from ..validation import check_finite, compute_dtype
-from .cpu_steps import ChunkParams
 from .gpu_steps import (
     DensePairs,
     DenseWeights,
@@ -55,7 +54,13 @@ from .gpu_steps import (
     row_sums,
     weights,
 )
-from .params import check_loss_finite, check_loss_range, check_rll_params
+from .params import (
+    check_dist_masks,
+    check_embedding_pair,
+    check_loss_finite,
+    check_loss_range,
+    checked_params,
+)
 from .reference import RankedListTerms, _LinearInDistance
 
 PairSource = Union[LabelPairs, DensePairs]
@@ -240,27 +245,16 @@ def gpu_ranked_list_terms(
     Shapes, dtypes and parameters are checked on the host (no value is read). Time O(N M d),
     memory O(chunk x M) (see the module docstring).
     """
-    check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
-    share = check_query_weighting(query_weighting) == "weight_share"
-    if queries.ndim != 2 or refs.ndim != 2 or queries.shape[1] != refs.shape[1]:
-        raise ValueError(
-            f"need (N, d) queries and (M, d) refs, got {tuple(queries.shape)}, {tuple(refs.shape)}"
-        )
-    if queries.dtype != refs.dtype or not queries.dtype.is_floating_point:
-        raise ValueError(
-            f"queries and refs must share one float dtype, got {queries.dtype}, {refs.dtype}"
-        )
+    params = checked_params(alpha, margin, Tn, Tp, lam, lam_pos, query_weighting=query_weighting)
+    check_embedding_pair(queries, refs)
     check_loss_range(queries.dtype, alpha, lam, lam_pos)
-    params = ChunkParams(
-        float(alpha), float(margin), float(Tn), float(Tp), float(lam), float(lam_pos), share
-    )
     n, m = len(queries), len(refs)
     chunk_rows = chunk_rows_for(n, m, chunk_size, queries)
     with autocast_off(queries.device.type):
         loss, pos_loss, neg_loss, num_pos, num_neg, log_w = _GpuRankedList.apply(
             queries, refs, pairs, neg_weights, params, chunk_rows, bool(check_values)
         )
-        if share:
+        if params.share:
             # A constant per query: autograd scales the upstream gradient g_i by it.
             loss = loss * query_scales(log_w).to(loss.dtype)
             if check_values:
@@ -286,22 +280,14 @@ def gpu_ranked_list_terms_dense(
     ``(N, M)`` distance matrix (any PML distance object), with no host synchronisation: the
     ``gpu`` backend's path for distances other than the plain Euclidean one. Disjoint masks and
     finite distances are only checked with ``check_values``. O(N M) time and memory."""
-    check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
-    share = check_query_weighting(query_weighting) == "weight_share"
-    if dist.ndim != 2 or pos_mask.shape != dist.shape or neg_mask.shape != dist.shape:
-        raise ValueError(
-            f"dist, pos_mask and neg_mask must share one (N, M) shape, got {tuple(dist.shape)}, "
-            f"{tuple(pos_mask.shape)}, {tuple(neg_mask.shape)}"
-        )
+    params = checked_params(alpha, margin, Tn, Tp, lam, lam_pos, query_weighting=query_weighting)
+    check_dist_masks(dist, pos_mask, neg_mask)
     if check_values:
         check_finite(dist, "dist")
         if (pos_mask & neg_mask).any():
             raise ValueError("a (query, reference) pair is marked both positive and negative")
     dist = dist.to(compute_dtype(dist.dtype))
     check_loss_range(dist.dtype, alpha, lam, lam_pos)
-    params = ChunkParams(
-        float(alpha), float(margin), float(Tn), float(Tp), float(lam), float(lam_pos), share
-    )
     with torch.no_grad():
         d = dist.detach()
         pos = torch.gt(d, params.alpha - params.margin).logical_and_(pos_mask)
@@ -314,7 +300,7 @@ def gpu_ranked_list_terms_dense(
         value = pos_loss.mul_(z_pos > 0) * params.lam_pos + neg_loss * params.lam
         coef = w_neg.mul_((inv_zn * -params.lam).unsqueeze(1))
         coef.addcmul_(w_pos, (inv_zp * params.lam_pos).unsqueeze(1))
-        if share:
+        if params.share:
             scale = query_scales(
                 log_weight_sums(d, pos, neg, params.alpha, params.margin, params.Tn, params.Tp)
             ).to(d.dtype)

@@ -23,10 +23,9 @@ from typing import Optional
 
 import torch
 
-from .cpu_steps import ChunkParams
 from .gpu import chunk_rows_for
 from .gpu_steps import inverse_or_zero, masked_exp, mine
-from .params import check_rll_params
+from .params import checked_params
 
 
 def host_counts(counts: torch.Tensor) -> list[list[int]]:
@@ -75,8 +74,7 @@ def gpu_ranked_list_mining(
     and each mined negative's normalized weight; the values of
     :func:`~pml_rank_plugins.functional.ranked_list.cpu.chunked_ranked_list_mining`. No
     gradient. One host synchronisation (see the module docstring)."""
-    check_rll_params(alpha, margin, Tn)
-    params = ChunkParams(float(alpha), float(margin), float(Tn), 0.0, 1.0)
+    params = checked_params(alpha, margin, Tn)
     n, m = len(queries), len(refs)
     chunk_rows = chunk_rows_for(n, m, chunk_size, queries)
     starts = range(0, max(n, 1), chunk_rows)  # one (empty) chunk when N = 0
@@ -107,8 +105,7 @@ def gpu_mining_from_dist(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`gpu_ranked_list_mining` on a precomputed ``(N, M)`` distance matrix (any PML
     distance object): one chunk, one host read. O(N M)."""
-    check_rll_params(alpha, margin, Tn)
-    params = ChunkParams(float(alpha), float(margin), float(Tn), 0.0, 1.0)
+    params = checked_params(alpha, margin, Tn)
     with torch.no_grad():
         d = dist.detach()
         cand_pos, cand_neg = pairs.candidates(0, len(d))

@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from .cpu_steps import ChunkParams
+from .params import ChunkParams
 from .reference import scaled_exp_
 
 _POSITIVE, _NEGATIVE = 0, 1

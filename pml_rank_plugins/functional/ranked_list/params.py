@@ -1,6 +1,7 @@
 """Parameters of the Ranked List Loss (Wang et al., "Ranked List Loss for Deep Metric Learning",
 CVPR 2019): their checks, PML's default ``alpha``, the two parametrizations of the term weights,
-and the checks that the loss stays representable in the compute dtype.
+the checks that the loss stays representable in the compute dtype, and the checks every kernel
+runs first (:func:`checked_params`, :func:`check_embedding_pair`, :func:`check_dist_masks`).
 
 Notation as in :mod:`~pml_rank_plugins.functional.ranked_list.reference`: negative boundary
 ``alpha``, margin ``m`` (positives pulled within ``alpha - m``), temperatures ``Tn`` (eq. 9) and ``Tp``
@@ -11,7 +12,58 @@ paper). Shared by the dense and chunked kernels, the loss and the miner. All O(1
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+from ..query_weighting import check_query_weighting
+
+
+class ChunkParams(NamedTuple):
+    """The kernel's parameters as plain floats (``alpha``, ``m``, ``Tn``, ``Tp``, ``lam``,
+    ``lam_pos`` as in :func:`~pml_rank_plugins.functional.ranked_list.reference.ranked_list_terms`).
+    """
+
+    alpha: float
+    margin: float
+    Tn: float
+    Tp: float = 0.0
+    lam: float = 1.0
+    lam_pos: float = 1.0
+    share: bool = False  # query_weighting == "weight_share": also compute log W per query
+
+
+def checked_params(*values: float, query_weighting: str = "mean") -> ChunkParams:
+    """``values`` (``alpha, margin, Tn`` and optionally ``Tp, lam, lam_pos``, in the order of
+    :func:`check_rll_params`) checked by it, then ``query_weighting`` by
+    ``check_query_weighting``; returned as a :class:`ChunkParams` of floats (``share``:
+    ``"weight_share"``). The first step of every kernel and miner. O(1)."""
+    check_rll_params(*values)
+    share = check_query_weighting(query_weighting) == "weight_share"
+    return ChunkParams(*(float(value) for value in values), share=share)
+
+
+def check_embedding_pair(queries: torch.Tensor, refs: torch.Tensor) -> None:
+    """``ValueError`` unless ``queries`` ``(N, d)`` and ``refs`` ``(M, d)`` are 2-D of one width
+    and one floating dtype (the Euclidean kernels' inputs). Reads no value."""
+    if queries.ndim != 2 or refs.ndim != 2 or queries.shape[1] != refs.shape[1]:
+        raise ValueError(
+            f"need (N, d) queries and (M, d) refs, got {tuple(queries.shape)}, {tuple(refs.shape)}"
+        )
+    if queries.dtype != refs.dtype or not queries.dtype.is_floating_point:
+        raise ValueError(
+            f"queries and refs must share one float dtype, got {queries.dtype}, {refs.dtype}"
+        )
+
+
+def check_dist_masks(dist: torch.Tensor, pos_mask: torch.Tensor, neg_mask: torch.Tensor) -> None:
+    """``ValueError`` unless ``dist``, ``pos_mask`` and ``neg_mask`` share one ``(N, M)`` shape
+    (the dense kernels' inputs). Reads no value."""
+    if dist.ndim != 2 or pos_mask.shape != dist.shape or neg_mask.shape != dist.shape:
+        raise ValueError(
+            f"dist, pos_mask and neg_mask must share one (N, M) shape, got {tuple(dist.shape)}, "
+            f"{tuple(pos_mask.shape)}, {tuple(neg_mask.shape)}"
+        )
 
 
 def check_rll_params(
@@ -120,9 +172,13 @@ def check_loss_finite(value: torch.Tensor, alpha: float, lam: float) -> None:
 
 
 __all__ = [
+    "ChunkParams",
+    "check_dist_masks",
+    "check_embedding_pair",
     "check_loss_finite",
     "check_loss_range",
     "check_rll_params",
+    "checked_params",
     "default_alpha",
     "term_weights",
 ]

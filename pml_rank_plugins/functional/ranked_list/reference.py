@@ -44,19 +44,11 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..query_weighting import (
-    QUERY_WEIGHTINGS,
-    check_query_weighting,
     log_weight_sums,
     query_scales,
 )
 from ..validation import check_finite, compute_dtype
-from .params import (
-    check_loss_finite,
-    check_loss_range,
-    check_rll_params,
-    default_alpha,
-    term_weights,
-)
+from .params import check_dist_masks, check_loss_finite, check_loss_range, checked_params
 
 
 class RankedListTerms(NamedTuple):
@@ -230,13 +222,8 @@ def ranked_list_terms(
     O(N M) time and memory: about 15 element-wise passes over ``(N, M)`` in the forward, one in
     the backward, which needs one saved ``(N, M)`` coefficient matrix.
     """
-    check_rll_params(alpha, margin, Tn, Tp, lam, lam_pos)
-    check_query_weighting(query_weighting)
-    if dist.ndim != 2 or pos_mask.shape != dist.shape or neg_mask.shape != dist.shape:
-        raise ValueError(
-            f"dist, pos_mask and neg_mask must share one (N, M) shape, got {tuple(dist.shape)}, "
-            f"{tuple(pos_mask.shape)}, {tuple(neg_mask.shape)}"
-        )
+    checked_params(alpha, margin, Tn, Tp, lam, lam_pos, query_weighting=query_weighting)
+    check_dist_masks(dist, pos_mask, neg_mask)
     for name, w in (("neg_weights", neg_weights), ("pos_weights", pos_weights)):
         if w is not None and w.shape != dist.shape:
             raise ValueError(f"{name} must have shape {tuple(dist.shape)}, got {tuple(w.shape)}")
@@ -297,22 +284,11 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vecdot(a, b, dim=1)
 
 
-# The query-weighting helpers and the parameter checks live in their own modules
-# (query_weighting, ranked_list_params); they stay importable from here.
 __all__ = [
-    "QUERY_WEIGHTINGS",
     "RankedListTerms",
-    "check_loss_finite",
-    "check_loss_range",
-    "check_query_weighting",
-    "check_rll_params",
-    "default_alpha",
-    "log_weight_sums",
     "masked_softmax",
     "mine_non_trivial",
     "negative_weights",
-    "query_scales",
     "ranked_list_terms",
     "scaled_exp_",
-    "term_weights",
 ]
