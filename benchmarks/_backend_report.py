@@ -15,7 +15,6 @@ the rest go on.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from _backends import pml_skip_reason, split_case
 from _measure import (
@@ -32,6 +31,7 @@ from _measure import (
     print_row,
     ratio,
     resolve_device,
+    run_header,
     times_cell,
     write_json,
 )
@@ -171,18 +171,6 @@ def report_backends(script: str, args: argparse.Namespace, title: str, spec: dic
         tables.append({"autocast": autocast, "sizes": rows})
     counts = "kernels / syncs / DtoH per call (torch.profiler)" if device == "cuda" else None
     print(counts or "aten ops / sync ops per call (OpCounter, the CPU proxy)")
-    write_json(
-        args.json,
-        {
-            "script": Path(script).name,
-            "device": device,
-            "device_name": device_label(device, args.threads),
-            "dim": args.dim,
-            "pml_max": args.pml_max,
-            "backends": args.backends,
-            "timing": {"warmup": args.warmup, "repeats": args.repeats, "rounds": args.rounds},
-            "time": "median of CUDA-event timed calls" if device == "cuda" else "best call",
-            "in_process": args.in_process,
-            "tables": tables,
-        },
-    )
+    time = "median of CUDA-event timed calls" if device == "cuda" else "best call"
+    header = {**run_header(script, device, args), "backends": args.backends, "time": time}
+    write_json(args.json, {**header, "tables": tables})

@@ -284,6 +284,20 @@ def device_label(device: str, threads: int | None, autocast: str = "none") -> st
     return where if autocast == "none" else f"{where}, autocast {autocast}"
 
 
+def run_header(script: str, device: str, args: argparse.Namespace) -> dict:
+    """The fields every benchmark's JSON starts with: the script, the device, the sizes' setup and
+    the timing protocol."""
+    return {
+        "script": Path(script).name,
+        "device": device,
+        "device_name": device_label(device, args.threads),
+        "dim": args.dim,
+        "pml_max": args.pml_max,
+        "timing": {"warmup": args.warmup, "repeats": args.repeats, "rounds": args.rounds},
+        "in_process": args.in_process,
+    }
+
+
 def write_json(path: str | None, payload: dict) -> None:
     """``--json``: ``payload`` written to ``path`` (nothing without it)."""
     if path:
@@ -684,19 +698,7 @@ def report_pairwise(
         note_pml_skipped(args, pml_cost)
         print_failures(rows)
         tables.append({"autocast": autocast, "sizes": rows})
-    write_json(
-        args.json,
-        {
-            "script": Path(script).name,
-            "device": device,
-            "device_name": device_label(device, args.threads),
-            "dim": args.dim,
-            "pml_max": args.pml_max,
-            "timing": {"warmup": args.warmup, "repeats": args.repeats, "rounds": args.rounds},
-            "in_process": args.in_process,
-            "tables": tables,
-        },
-    )
+    write_json(args.json, {**run_header(script, device, args), "tables": tables})
 
 
 def print_failures(rows: list[dict]) -> None:

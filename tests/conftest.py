@@ -193,3 +193,12 @@ def png_plots_only(monkeypatch):
     from tests.png_plots import use_png_plots_only
 
     use_png_plots_only(monkeypatch)
+
+
+@pytest.fixture
+def meta_default_device():
+    """torch's default device is ``meta`` for the test (restored after)."""
+    before = torch.get_default_device()
+    torch.set_default_device("meta")
+    yield
+    torch.set_default_device(before)

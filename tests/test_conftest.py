@@ -71,14 +71,6 @@ def test_every_test_directory_is_a_device_directory_or_named_as_host_only():
     assert not set(conftest.DEVICE_TEST_DIRS) & set(HOST_TEST_DIRS)
 
 
-@pytest.fixture
-def meta_default_device():
-    before = torch.get_default_device()
-    torch.set_default_device("meta")
-    yield
-    torch.set_default_device(before)
-
-
 def test_a_cpu_generator_draw_in_a_test_lands_on_the_default_device(meta_default_device):
     # meta stands in for CUDA: a plain draw there would follow it without reading the generator
     gen = torch.Generator().manual_seed(0)

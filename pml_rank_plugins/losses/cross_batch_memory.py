@@ -7,7 +7,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from ..functional.validation import check_int, check_label_values, check_labels
-from ..utils.loss_and_miner_utils import WeightedPairs, takes_self_index
+from ..utils.loss_and_miner_utils import WeightedPairs, memory_contents, takes_self_index
 
 PLUGIN_LOSSES = ["FastAPLoss", "QuantizedAPLoss", "RankedListLoss"]
 
@@ -136,11 +136,7 @@ class CrossBatchMemory(PMLCrossBatchMemory):
         else:
             emb_for_queue, labels_for_queue = embeddings, labels
         self.add_to_memory(emb_for_queue, labels_for_queue, len(emb_for_queue))
-        if self.has_been_filled:
-            E_mem, L_mem = self.embedding_memory, self.label_memory
-        else:
-            E_mem = self.embedding_memory[: self.queue_idx]
-            L_mem = self.label_memory[: self.queue_idx]
+        E_mem, L_mem = memory_contents(self)
         # The queries were written to curr_batch_idx (< queue_idx until the memory wraps, when
         # E_mem becomes the whole memory); with enqueue_mask the queries are the rows not
         # enqueued, in no slot.

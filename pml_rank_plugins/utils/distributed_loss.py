@@ -54,7 +54,7 @@ from .distributed import (
     is_initialized,
     world_size,
 )
-from .loss_and_miner_utils import WeightedPairs, takes_self_index
+from .loss_and_miner_utils import WeightedPairs, memory_contents, takes_self_index
 
 __all__ = ["DistributedLossWrapper", "DistributedMinerWrapper"]
 
@@ -297,11 +297,7 @@ class DistributedLossWrapper(torch.nn.Module):
                 f"(memory_size={memory.memory_size}): use memory_size >= the global batch size"
             )
         memory.add_to_memory(all_emb, all_labels, len(all_emb))
-        if memory.has_been_filled:
-            e_mem, l_mem = memory.embedding_memory, memory.label_memory
-        else:
-            e_mem = memory.embedding_memory[: memory.queue_idx]
-            l_mem = memory.label_memory[: memory.queue_idx]
+        e_mem, l_mem = memory_contents(memory)
         self_index = memory.curr_batch_idx[rows]
         reducer = loss.reducer
         loss.reducer = _SplitReducer(reducer)

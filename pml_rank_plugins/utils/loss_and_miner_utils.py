@@ -13,6 +13,7 @@
 * :func:`check_self_index`, :func:`takes_self_index`: the per-query *self index* (the reference
   column that holds the query itself, e.g. its slot in a memory bank), which the losses and the
   miner take instead of an ``indices_tuple`` of all pairs minus the self pairs.
+* :func:`memory_contents`: the filled part of a cross-batch memory (the loss and its DDP wrapper).
 
 Everything here knows PML (distance objects, ``lmu.convert_to_pairs``); the pure tensor math
 lives in :mod:`pml_rank_plugins.functional`.
@@ -384,3 +385,11 @@ def check_loss_labels(labels: torch.Tensor | None, ref_labels: torch.Tensor | No
     # (backend.checks_values) at merge.
     check_label_values(labels, "labels")
     check_label_values(ref_labels, "ref_labels")
+
+
+def memory_contents(memory) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(embeddings, labels)`` of a PML ``CrossBatchMemory``'s filled slots: the whole queue once
+    it has wrapped around, else its first ``queue_idx`` rows. Views, no copy; O(1)."""
+    if memory.has_been_filled:
+        return memory.embedding_memory, memory.label_memory
+    return memory.embedding_memory[: memory.queue_idx], memory.label_memory[: memory.queue_idx]

@@ -46,15 +46,6 @@ SAMPLERS = {
 }
 
 
-@pytest.fixture
-def meta_default_device():
-    """torch's default device is ``meta`` for the test (restored after)."""
-    before = torch.get_default_device()
-    torch.set_default_device("meta")
-    yield
-    torch.set_default_device(before)
-
-
 def iterate(make, **kw) -> list:
     """Two epochs through ``iter`` (as a DataLoader does), then ``epoch_batches`` of epoch 5."""
     sampler = make(**kw)

@@ -56,12 +56,22 @@ def assert_terms_equal(a, b, **tol):
     assert torch.equal(a.num_pos, b.num_pos) and torch.equal(a.num_neg, b.num_neg)
 
 
-@pytest.mark.parametrize("chunk", CHUNKS)
-@pytest.mark.parametrize("Tn,Tp,lam", PARAMS)
-def test_chunked_equals_dense_against_references_both_ends(chunk, Tn, Tp, lam, path):
-    q, r, labels, ref_labels = problem()
+def mined_subset(labels, ref_labels, seed=4):
+    """A miner's random subset of the pairs: ``(pos, neg, a2, n, w, gen)``, the negatives'
+    indices ``(a2, n)`` with positive weights ``w``; ``gen`` continues the seeded draws."""
+    gen = torch.Generator().manual_seed(seed)
+    same = labels[:, None] == ref_labels[None]
+    keep = torch.rand(same.shape, generator=gen) < 0.7
+    pos, neg = same & keep, ~same & keep
+    a2, n = neg.nonzero(as_tuple=True)
+    w = torch.rand(len(a2), generator=gen, dtype=torch.float64) + 0.05
+    return pos, neg, a2, n, w, gen
+
+
+def chunked_and_dense(q, r, labels, ref_labels, chunk, upstream_seed, **kw):
+    """The chunked kernel (label categories) and the dense one on the same problem, both ends
+    differentiable: asserts equal terms and gradients, returns ``(chunked, dense)`` terms."""
     pos = labels[:, None] == ref_labels[None]
-    kw = dict(Tn=Tn, Tp=Tp, lam=lam)
     q1, r1 = q.clone().requires_grad_(), r.clone().requires_grad_()
     ours = chunked_ranked_list_terms(
         q1, r1, LabelCategories(labels, ref_labels), ALPHA, MARGIN, chunk_size=chunk, **kw
@@ -69,11 +79,20 @@ def test_chunked_equals_dense_against_references_both_ends(chunk, Tn, Tp, lam, p
     q2, r2 = q.clone().requires_grad_(), r.clone().requires_grad_()
     ref = dense_terms(q2, r2, pos, ~pos, **kw)
     assert_terms_equal(ours, ref, rtol=1e-12, atol=1e-14)
-    upstream = torch.rand(len(q), dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    generator = torch.Generator().manual_seed(upstream_seed)
+    upstream = torch.rand(len(q), dtype=torch.float64, generator=generator)
     g_ours = torch.autograd.grad(ours.loss, (q1, r1), upstream)
     g_ref = torch.autograd.grad(ref.loss, (q2, r2), upstream)
     for a, b in zip(g_ours, g_ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    return ours, ref
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("Tn,Tp,lam", PARAMS)
+def test_chunked_equals_dense_against_references_both_ends(chunk, Tn, Tp, lam, path):
+    q, r, labels, ref_labels = problem()
+    ours, _ = chunked_and_dense(q, r, labels, ref_labels, chunk, 1, Tn=Tn, Tp=Tp, lam=lam)
     assert ours.num_pos.sum() > 0 and ours.num_neg.sum() > 0
 
 
@@ -98,14 +117,9 @@ def test_self_ranking_both_gradient_modes_equal_dense(chunk, gallery_gradient, p
 @pytest.mark.parametrize("chunk", CHUNKS)
 def test_dense_categories_and_sparse_miner_weights_equal_dense(chunk, path):
     q, r, labels, ref_labels = problem(n=12, m=15, seed=3)
-    gen = torch.Generator().manual_seed(4)
-    same = labels[:, None] == ref_labels[None]
-    keep = torch.rand(same.shape, generator=gen) < 0.7  # a miner's subset of the pairs
-    pos, neg = same & keep, ~same & keep
-    a2, n = neg.nonzero(as_tuple=True)
-    w = torch.rand(len(a2), generator=gen, dtype=torch.float64) + 0.05
+    pos, neg, a2, n, w, gen = mined_subset(labels, ref_labels)
     perm = torch.randperm(len(a2), generator=gen)  # any pair order
-    dense_w = torch.zeros(same.shape, dtype=torch.float64)
+    dense_w = torch.zeros(pos.shape, dtype=torch.float64)
     dense_w[a2, n] = w
     q1, r1 = q.clone().requires_grad_(), r.clone().requires_grad_()
     ours = chunked_ranked_list_terms(
@@ -241,18 +255,7 @@ def test_weight_share_chunked_equals_dense_both_ends(chunk, Tn, Tp, lam, path):
     q, r, labels, ref_labels = problem(seed=9)
     pos = labels[:, None] == ref_labels[None]
     kw = dict(Tn=Tn, Tp=Tp, lam=lam, query_weighting="weight_share")
-    q1, r1 = q.clone().requires_grad_(), r.clone().requires_grad_()
-    ours = chunked_ranked_list_terms(
-        q1, r1, LabelCategories(labels, ref_labels), ALPHA, MARGIN, chunk_size=chunk, **kw
-    )
-    q2, r2 = q.clone().requires_grad_(), r.clone().requires_grad_()
-    ref = dense_terms(q2, r2, pos, ~pos, **kw)
-    assert_terms_equal(ours, ref, rtol=1e-12, atol=1e-14)
-    upstream = torch.rand(len(q), dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    g_ours = torch.autograd.grad(ours.loss, (q1, r1), upstream)
-    g_ref = torch.autograd.grad(ref.loss, (q2, r2), upstream)
-    for a, b in zip(g_ours, g_ref, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    ours, _ = chunked_and_dense(q, r, labels, ref_labels, chunk, 2, **kw)
     plain = dense_terms(q, r, pos, ~pos, Tn=Tn, Tp=Tp, lam=lam)
     assert not torch.allclose(ours.loss, plain.loss)
 

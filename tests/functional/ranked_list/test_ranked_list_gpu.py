@@ -35,7 +35,13 @@ from pml_rank_plugins.functional.sync_free_inputs import normalize_rows
 from pml_rank_plugins.functional.validation import normalize_rows as host_normalize_rows
 from pml_rank_plugins.functional.validation import validate_indices_tuple
 from pml_rank_plugins.utils.op_count import OpCounter
-from tests.functional.ranked_list.test_ranked_list_chunked import ALPHA, MARGIN, PARAMS, problem
+from tests.functional.ranked_list.test_ranked_list_chunked import (
+    ALPHA,
+    MARGIN,
+    PARAMS,
+    mined_subset,
+    problem,
+)
 
 # None: one chunk under the 2 GiB budget; "budget": several chunks from a patched budget.
 CHUNKS = [None, 1, 3, 7, "budget"]
@@ -120,13 +126,8 @@ def test_self_ranking_both_gradient_modes(chunk, gallery_gradient):
 @pytest.mark.parametrize("weighting", ["mean", "weight_share"])
 def test_miner_pairs_and_weights_equal_cpu(chunk, weighting):
     q, r, labels, ref_labels = problem(n=12, m=15, seed=3)
-    gen = torch.Generator().manual_seed(4)
-    same = labels[:, None] == ref_labels[None]
-    keep = torch.rand(same.shape, generator=gen) < 0.7  # a miner's subset of the pairs
-    pos, neg = same & keep, ~same & keep
+    pos, neg, a2, n, w, gen = mined_subset(labels, ref_labels)
     a1, p = pos.nonzero(as_tuple=True)
-    a2, n = neg.nonzero(as_tuple=True)
-    w = torch.rand(len(a2), generator=gen, dtype=torch.float64) + 0.05
     perm = torch.randperm(len(a2), generator=gen)  # any pair order
     kw = dict(Tp=2.0, lam=0.7, query_weighting=weighting)
     cats = dense_pair_categories(12, 15, a1, p, a2, n)
