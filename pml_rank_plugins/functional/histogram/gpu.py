@@ -24,7 +24,7 @@ kernel, values outside ``[0, L]`` saturating into the end bins with zero gradien
   and one gather and two products (backward): about 35 dispatched operators per forward +
   backward at one chunk.
 
-Column layout (as in ``soft_histogram.PairHistogram``): a category owns ``W = L + 3`` columns,
+Column layout (as in ``cpu.PairHistogram``): a category owns ``W = L + 3`` columns,
 the ``L + 1`` bins with a saturation column on each side; a value is shifted by one bin and
 clamped to ``[0.5, L + 1.5]``, so a clamped value splits its unit weight between a saturation
 column and its end bin, and its slope ``g[c + 1] - g[c]`` is zero since the saturation column
@@ -189,7 +189,7 @@ def _constants(num_intervals: int, offset: float, scale: float, dtype, device):
 
 class GpuPairHistogram(torch.autograd.Function):
     """``(N, 2, L + 1)`` histograms; see the module docstring. Inputs as
-    ``soft_histogram.PairHistogram``: ``queries`` (N, d), ``refs`` (M, d) (the same tensor twice
+    ``cpu.PairHistogram``: ``queries`` (N, d), ``refs`` (M, d) (the same tensor twice
     for self-ranking: then one gradient, ``G R + G^T Q``, is returned for both), a category
     source, ``offset``, ``scale``, ``num_intervals``, ``chunk_rows``."""
 

@@ -27,9 +27,13 @@ from .cpu import SparseWeights, chunked_ranked_list_mining, chunked_ranked_list_
 from .gpu import gpu_ranked_list_terms, gpu_ranked_list_terms_dense
 from .gpu_mining import gpu_mining_from_dist, gpu_ranked_list_mining
 from .params import (
+    ChunkParams,
+    check_dist_masks,
+    check_embedding_pair,
     check_loss_finite,
     check_loss_range,
     check_rll_params,
+    checked_params,
     default_alpha,
     term_weights,
 )
@@ -43,13 +47,17 @@ from .reference import (
 )
 
 __all__ = [
+    "ChunkParams",
     "QUERY_WEIGHTINGS",
     "RankedListTerms",
     "SparseWeights",
+    "check_dist_masks",
+    "check_embedding_pair",
     "check_loss_finite",
     "check_loss_range",
     "check_query_weighting",
     "check_rll_params",
+    "checked_params",
     "chunked_ranked_list_mining",
     "chunked_ranked_list_terms",
     "default_alpha",

@@ -36,7 +36,7 @@ def host_counts(counts: torch.Tensor) -> list[list[int]]:
 
 def _mined_masks(dist, pos, neg, Tn: float):
     """``(pos, neg, w, inv)``: the unnormalized ``Tn`` weights of the mined negatives and their
-    inverse row sums (``ranked_list_chunked.chunked_ranked_list_mining``'s values)."""
+    inverse row sums (``cpu.chunked_ranked_list_mining``'s values)."""
     w = masked_exp(dist, neg, Tn, -1.0)
     return pos, neg, w, inverse_or_zero(w.sum(1))
 

@@ -128,7 +128,7 @@ def mine(
     params: ChunkParams,
     q_sq: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Distances of a chunk (the operations of ``ranked_list_chunk_steps.mine_chunk``) and RLL's
+    """Distances of a chunk (the operations of ``cpu_steps.mine_chunk``) and RLL's
     non-trivial pairs ``pos & (d > alpha - m)``, ``neg & (d < alpha)``: ``(dist, pos, neg)``.
     ``q_sq``: the ``(rows, 1)`` squared norms of ``queries`` if already known (the batch against
     itself: ``ref_sq``, the same operation on the same rows), else computed."""
@@ -142,7 +142,7 @@ def mine(
 
 def masked_exp(dist: torch.Tensor, mask: torch.Tensor, T: float, sign: float) -> torch.Tensor:
     """``exp(sign T (d - ext))`` on ``mask``, 0 elsewhere, ``ext`` the row max (sign +1) or min
-    (sign -1) over the mask: the values of ``ranked_list_chunk_steps.masked_exp_`` (``ext - d``
+    (sign -1) over the mask: the values of ``cpu_steps.masked_exp_`` (``ext - d``
     equals ``-(d - ext)`` exactly). Off the mask the exponent is ``-inf``, so no mask multiply."""
     if T == 0.0 or dist.shape[1] == 0:
         return mask.to(dist.dtype)
@@ -163,7 +163,7 @@ def weights(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unnormalized ``(w_pos, w_neg)`` of a chunk: ``exp(Tp (d - max))`` on the mined positives,
     ``exp(Tn (min - d))`` on the mined negatives, or a miner's weights scaled so each row's
-    largest is 1 (as ``ranked_list_chunk_steps.given_weights_``)."""
+    largest is 1 (as ``cpu_steps.given_weights_``)."""
     w_pos = masked_exp(dist, pos, params.Tp, 1.0)
     if given is None:
         return w_pos, masked_exp(dist, neg, params.Tn, -1.0)

@@ -31,7 +31,7 @@ class SparseWeights:
 
 
 def segment_exp(d, row, rows: int, T: float, sign: float) -> torch.Tensor:
-    """Sparse twin of ``ranked_list_chunk_steps.masked_exp_``: ``exp(sign T (d - ext[row]))``
+    """Sparse twin of ``cpu_steps.masked_exp_``: ``exp(sign T (d - ext[row]))``
     for a list of mined distances ``d`` of query rows ``row``, ``ext`` the per-row max (sign +1)
     or min (sign -1)."""
     if T == 0.0:
