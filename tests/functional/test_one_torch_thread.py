@@ -11,6 +11,7 @@ import torch
 from pytorch_metric_learning.distances import LpDistance
 
 from pml_rank_plugins.functional import chunk_threads, validation
+from pml_rank_plugins.functional.backend import ENV_VAR
 from pml_rank_plugins.functional.chunk_threads import (
     GLUE_MAX_ELEMENTS,
     chunk_workers,
@@ -29,6 +30,14 @@ from pml_rank_plugins.utils import loss_and_miner_utils
 pytestmark = pytest.mark.cpu_only
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _auto_backend(monkeypatch):
+    """These tests are about the ``cpu`` backend, which ``auto`` picks on the CPU: an exported
+    ``PML_RANK_BACKEND`` (e.g. ``gpu``, to run the suite on the sync-free path) must not change
+    what they check."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
 
 
 def test_one_thread_inside_the_callers_count_for_the_chunks_restored_after(two_threads):

@@ -114,6 +114,7 @@ def test_memory_bank_self_index_equals_cpu(chunks):
 
 
 def test_selection_by_keyword_context_and_env_var(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)  # the test sets it itself, below
     calls = []
     real = backends_module.gpu_ranked_list_terms
     monkeypatch.setattr(
