@@ -19,6 +19,11 @@ Counting happens under :class:`torch.utils._python_dispatch.TorchDispatchMode`, 
 autograd's backward operators too (run ``backward()`` inside the block). Views and metadata-only
 operators (``view``, ``t``, ``as_strided``, ``detach``, ...) are counted like any other: the count
 is of dispatched operators, a CPU proxy for launched kernels, not the kernel count itself.
+
+:class:`OpTrace` also records the operators in order with their arguments' shapes (not values):
+two calls with equal traces, no syncing operator and no tensor made from host data launch the
+same kernels, the condition for replaying a call as a CUDA graph (``docs/performance.md``, CUDA
+graphs).
 """
 
 from __future__ import annotations
@@ -112,3 +117,75 @@ class OpCounter(TorchDispatchMode):
     def syncs(self) -> int:
         """Syncing operators dispatched inside the block."""
         return sum(self.sync_counts.values())
+
+
+def _signature(value) -> object:
+    """What a CUDA graph bakes in of one operator argument: a tensor's shape, dtype, device type,
+    strides and storage offset (never its values); a Python scalar, dtype, device or string as
+    its ``repr`` (a float's repr, so that two NaNs compare equal); lists, tuples and dicts
+    element by element; any other object by its type name."""
+    if isinstance(value, torch.Tensor):
+        return (
+            "tensor",
+            tuple(value.shape),
+            str(value.dtype),
+            value.device.type,
+            tuple(value.stride()) if value.layout == torch.strided else None,
+            value.storage_offset() if value.layout == torch.strided else None,
+        )
+    if isinstance(value, (list, tuple)):
+        return tuple(_signature(item) for item in value)
+    if isinstance(value, dict):
+        return tuple((key, _signature(item)) for key, item in sorted(value.items()))
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return repr(value)
+    if isinstance(value, (torch.layout, torch.memory_format)):
+        return str(value)
+    return type(value).__name__
+
+
+class OpTrace(OpCounter):
+    """An :class:`OpCounter` that also records, in order, each dispatched aten operator with the
+    signature of its arguments (``trace``: ``(operator overload, args, kwargs)``, tensors by
+    shape, dtype, device type, strides and offset, never by value; :func:`_signature`) and the
+    tensors made from host Python data (``host_tensors``: ``aten.lift_fresh``, what
+    ``torch.tensor(...)`` dispatches; on CUDA a host-to-device copy).
+
+    Why: a CUDA graph (``torch.cuda.make_graphed_callables``) records the kernels of one call
+    and replays them with new values in the same buffers. A replay is only correct if the code
+    would have launched the same operators on the same shapes for those values: equal traces of
+    one call on two batches of the same shape with different values (labels with another class
+    structure, other embeddings), no syncing operator (a host read, refused while capturing) and
+    no tensor made from host data after the warm-up calls (its copy synchronises the host) are
+    the CPU-side evidence. Example::
+
+        with OpTrace(forbid_syncs=True) as first:
+            loss(x1, labels1).backward()
+        with OpTrace(forbid_syncs=True) as second:
+            loss(x2, labels2).backward()
+        assert first.difference(second) is None, first.difference(second)
+
+    O(1) per operator (its arguments' signatures); the trace holds one tuple per operator.
+    """
+
+    def __init__(self, forbid_syncs: bool = False):
+        super().__init__(forbid_syncs)
+        self.trace: list[tuple] = []
+        self.host_tensors = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.trace.append((str(func), _signature(args), _signature(kwargs)))
+        if func.overloadpacket.__name__ == "lift_fresh":
+            self.host_tensors += 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def difference(self, other: OpTrace) -> str | None:
+        """``None`` when the two traces are equal, else where they first differ (the index and
+        both entries, or the lengths), for an assertion message."""
+        for index, (mine, theirs) in enumerate(zip(self.trace, other.trace)):
+            if mine != theirs:
+                return f"operator {index} differs:\n  {mine}\n  {theirs}"
+        if len(self.trace) != len(other.trace):
+            return f"{len(self.trace)} operators against {len(other.trace)}"
+        return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pml_rank_plugins.utils.op_count import OpCounter, SyncError
+from pml_rank_plugins.utils.op_count import OpCounter, OpTrace, SyncError
 
 
 def _x():
@@ -55,3 +55,39 @@ def test_masks_and_multiplications_do_not_sync_and_backward_is_counted():
     assert forward >= 4 and ops.total > forward  # backward's operators were seen too
     assert ops.counts["where"] >= 1 and ops.counts["mul"] >= 1
     assert torch.equal(x.grad, torch.where(mask, 3.0, 0.0))
+
+
+def _traced(x: torch.Tensor, scale: float = 2.0) -> OpTrace:
+    x = x.clone().requires_grad_(True)
+    with OpTrace() as trace:
+        (x * scale).clamp(0.0, float("nan")).sum().backward()
+    return trace
+
+
+def test_op_trace_records_shapes_and_scalars_never_values():
+    first, other_values = _traced(torch.zeros(3, 4)), _traced(torch.randn(3, 4))
+    assert first.difference(other_values) is None  # values differ, trace equal (NaN == NaN)
+    assert first.total == len(first.trace) and first.trace[0][0] == "aten.mul.Tensor"
+    shape = first.difference(_traced(torch.zeros(3, 5)))
+    assert shape is not None and "operator 0 differs" in shape and "(3, 5)" in shape
+    scalar = first.difference(_traced(torch.zeros(3, 4), scale=3.0))
+    assert scalar is not None and "3.0" in scalar  # a Python scalar is baked into a graph too
+    dtype = first.difference(_traced(torch.zeros(3, 4, dtype=torch.float64)))
+    assert dtype is not None and "float64" in dtype
+    strides = first.difference(_traced(torch.zeros(4, 3).T))
+    assert strides is not None and "(1, 3)" in strides
+
+
+def test_op_trace_counts_tensors_made_from_host_data_and_reports_length_differences():
+    with OpTrace() as made:
+        torch.tensor([1.0, 2.0]) * 2
+    with OpTrace() as filled:
+        torch.full((2,), 1.0) * 2
+    assert made.host_tensors == 1 and filled.host_tensors == 0
+    assert made.difference(filled) is not None
+    with OpTrace() as longer:
+        torch.full((2,), 1.0).mul(2).add(1)
+    assert filled.difference(longer) == "2 operators against 3"
+    with pytest.raises(SyncError):
+        with OpTrace(forbid_syncs=True):
+            torch.ones(3).sum().item()
