@@ -33,52 +33,8 @@ import torch
 from pml_rank_plugins.functional import chunking
 from pml_rank_plugins.losses import CrossBatchMemory, FastAPLoss, QuantizedAPLoss, RankedListLoss
 from pml_rank_plugins.miners import RankedListMiner
-from pml_rank_plugins.utils.op_count import OpTrace, SyncError
-
-N, D = 24, 8
-
-
-def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Four ``(embeddings, labels)`` batches of one shape, with different values and class
-    structures: all distinct, 4 per class, random with singletons, one class."""
-    generator = torch.Generator().manual_seed(0)
-    labels = [
-        torch.arange(N),
-        torch.arange(N) // 4,
-        torch.randint(0, 5, (N,), generator=generator),
-        torch.zeros(N, dtype=torch.long),
-    ]
-    scales = [1.0, 3.0, 0.01, -2.0]
-    return [
-        (scale * torch.randn(N, D, generator=generator), label)
-        for scale, label in zip(scales, labels)
-    ]
-
-
-def trace_call(call, embeddings, labels, forbid_syncs: bool = True) -> OpTrace:
-    """The trace of ``call(x, labels).backward()`` on a fresh leaf ``x`` holding ``embeddings``."""
-    x = embeddings.clone().requires_grad_(True)
-    with OpTrace(forbid_syncs=forbid_syncs) as trace:
-        call(x, labels).backward()
-    assert x.grad is not None and torch.isfinite(x.grad).all()
-    return trace
-
-
-def assert_graph_safe(call, batches=None) -> OpTrace:
-    """Fails unless ``call`` is graph-safe on ``batches`` (see the module docstring): one warm-up
-    call, then every batch's trace equal to the first's, sync-free, with no tensor made from
-    host data. Returns the first trace."""
-    batches = batches or _batches()
-    trace_call(call, *batches[0])  # warm-up: caches fill (make_graphed_callables warms up too)
-    first = trace_call(call, *batches[0])
-    assert first.host_tensors == 0, "a tensor made from host data after the warm-up"
-    for embeddings, labels in batches[1:]:
-        other = trace_call(call, embeddings, labels)
-        assert other.host_tensors == 0, "a tensor made from host data after the warm-up"
-        difference = first.difference(other)
-        assert difference is None, difference
-    return first
-
+from pml_rank_plugins.utils.op_count import SyncError
+from tests.graph_safety import D, N, assert_graph_safe, trace_call, value_batches
 
 LOSSES = {
     "FastAP": lambda **kw: FastAPLoss(num_bins=10, **kw),
@@ -130,7 +86,7 @@ def test_cpu_backend_is_not_graph_safe():
     # Without forbidding syncs the trace itself follows the labels: the queries with a positive
     # are selected with nonzero, so the shapes differ between batches.
     loss = FastAPLoss(num_bins=10, backend="cpu")
-    (x1, l1), (x2, l2) = _batches()[1:3]
+    (x1, l1), (x2, l2) = value_batches()[1:3]
     trace_call(loss, x1, l1, forbid_syncs=False)
     first = trace_call(loss, x1, l1, forbid_syncs=False)
     assert first.syncs > 0
@@ -150,7 +106,7 @@ def test_miner_is_not_graph_safe_its_output_size_is_read_from_the_data():
     # pairs' categories from host constants (torch.tensor).
     with pytest.raises(AssertionError, match="host data|differs|operators against"):
         assert_graph_safe(mined)
-    (x1, l1), (x2, l2) = _batches()[1:3]
+    (x1, l1), (x2, l2) = value_batches()[1:3]
     first = trace_call(mined, x1, l1, forbid_syncs=False)
     second = trace_call(mined, x2, l2, forbid_syncs=False)
     assert first.difference(second) is not None
@@ -160,7 +116,7 @@ def test_miner_is_not_graph_safe_its_output_size_is_read_from_the_data():
 
 def test_cross_batch_memory_is_not_graph_safe_consecutive_calls_differ():
     memory = CrossBatchMemory(FastAPLoss(num_bins=10, backend="gpu"), D, memory_size=2 * N)
-    x, labels = _batches()[1]
+    x, labels = value_batches()[1]
     traces = [trace_call(memory, x, labels) for _ in range(4)]  # sync-free, but ...
     # ... the filled part of the queue grows (shapes), then the write position moves (scalars):
     # no two consecutive calls have the same trace, even on the same batch once the queue is full.

@@ -26,6 +26,8 @@ from pml_rank_plugins.functional.backend import triton_available
 from pml_rank_plugins.functional.histogram import triton_kernel
 from pml_rank_plugins.functional.histogram.cpu import LabelCategories, pair_histograms
 from pml_rank_plugins.losses import CrossBatchMemory, FastAPLoss, QuantizedAPLoss
+from pml_rank_plugins.utils.op_count import SyncError
+from tests.graph_safety import assert_graph_safe
 
 needs_triton = pytest.mark.skipif(
     not triton_available(), reason="triton is not installed (it is optional)"
@@ -156,7 +158,25 @@ def _losses():
         "loss_memory_bank_triton": lambda: _loss_case(
             "loss_memory_bank_triton", lambda b: FastAPLoss(num_bins=10, backend=b), bank=True
         ),
+        "graph_safe_fastap_triton": lambda: _graph_case(
+            "graph_safe_fastap_triton", FastAPLoss(num_bins=10, backend="triton")
+        ),
+        "graph_safe_map_t_triton": lambda: _graph_case(
+            "graph_safe_map_t_triton",
+            QuantizedAPLoss(num_bins=20, tie_aware=True, backend="triton"),
+        ),
     }
+
+
+def _graph_case(name, loss):
+    """The CUDA-graph check of ``tests/graph_safety.py`` on the triton backend: one operator
+    trace (the kernels' host glue and the interpreter's own operators) for batches of one shape
+    whatever their values, sync-free, no tensor made from host data after the warm-up."""
+    try:
+        trace = assert_graph_safe(loss)
+    except (AssertionError, SyncError) as error:
+        return dict(case=name, ok=False, error=f"{type(error).__name__}: {error}")
+    return dict(case=name, ok=len(trace.trace) > 10, operators=len(trace.trace))
 
 
 def cases():
