@@ -5,7 +5,10 @@ each of our losses under each backend of ``--backends`` (``use_backend``, ``_bac
 with its forward + backward time (CUDA: median of CUDA-event timed calls; CPU: best call), its
 ratios to PML and to the floor, its peak memory and, per call, the CUDA kernels launched, host
 synchronisations and device-to-host copies (``torch.profiler``) on CUDA or the dispatched aten
-operators and syncing ones (``OpCounter``) on the CPU. PML is skipped with the memory it would
+operators and syncing ones (``OpCounter``) on the CPU. With ``--cuda-graph`` each backend but
+``cpu`` gets a twin row, ``gpu+graph`` / ``triton+graph``: the same loss captured once with
+``torch.cuda.make_graphed_callables`` and replayed (``_backends.graphed_step``), measured the same
+way; on the CPU those rows are skipped with "needs CUDA". PML is skipped with the memory it would
 need where its O(L N^2) / O(N^2) memory would not fit (``_backends.pml_skip_reason``), or above
 ``--pml-max``; the cpu backend above ``--cpu-backend-max``; a case over ``--time-guard`` or
 after ``--budget-s`` is skipped with the reason, a failed case is printed with its traceback, and
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from _backends import pml_skip_reason, split_case
+from _backends import NEEDS_CUDA, backend_variants, pml_skip_reason, split_case, split_graph
 from _measure import (
     AUTOCAST,
     DEVICES,
@@ -97,10 +100,12 @@ def plan_size(n: int, args: argparse.Namespace, device: str, spec: dict) -> tupl
     else:
         skipped["pml"] = {"time": None, "peak": None, "skipped": reason}
     for loss in spec["losses"]:
-        for backend in args.backends:
+        for backend in backend_variants(args.backends, getattr(args, "cuda_graph", False)):
             case = f"{loss}@{backend}"
             limit = args.cpu_backend_max
-            if backend == "cpu" and limit is not None and n > limit:
+            if split_graph(backend)[1] and device != "cuda":
+                skipped[case] = {"time": None, "peak": None, "skipped": NEEDS_CUDA}
+            elif backend == "cpu" and limit is not None and n > limit:
                 skipped[case] = {
                     "time": None,
                     "peak": None,
@@ -112,7 +117,8 @@ def plan_size(n: int, args: argparse.Namespace, device: str, spec: dict) -> tupl
 
 
 def size_rows(n: int, best: dict, spec: dict, device: str, backends: list) -> list[list]:
-    """The table rows of size ``n``: floor, PML, then each loss under each backend."""
+    """The table rows of size ``n``: floor, PML, then each loss under each backend of
+    ``backends`` (:func:`_backends.backend_variants`: graphed twins included)."""
     floor, pml = best.get("floor"), best.get("pml")
     labels = spec["labels"]
     rows = []
@@ -163,7 +169,8 @@ def report_backends(script: str, args: argparse.Namespace, title: str, spec: dic
                 cases, skipped = plan_size(n, args, device, spec)
                 best = measure_cases(script, cases, [n, args.dim, *codes], args)
                 best = {**best, **skipped}
-                for row in size_rows(n, best, spec, device, args.backends):
+                variants = backend_variants(args.backends, getattr(args, "cuda_graph", False))
+                for row in size_rows(n, best, spec, device, variants):
                     print_row(row)
                 rows.append({"n": n, "cases": best})
         print(f"after: {machine_load()}")
@@ -173,4 +180,5 @@ def report_backends(script: str, args: argparse.Namespace, title: str, spec: dic
     print(counts or "aten ops / sync ops per call (OpCounter, the CPU proxy)")
     time = "median of CUDA-event timed calls" if device == "cuda" else "best call"
     header = {**run_header(script, device, args), "backends": args.backends, "time": time}
+    header["cuda_graph"] = getattr(args, "cuda_graph", False)
     write_json(args.json, {**header, "tables": tables})

@@ -4,6 +4,8 @@
 * case names -- ``"ours@gpu"`` is the case ``"ours"`` run under
   ``pml_rank_plugins.functional.backend.use_backend("gpu")`` for its whole forward + backward
   (:func:`split_case`, :func:`backend_context`); a case without ``@`` runs as before (``auto``);
+  ``"ours@gpu+graph"`` (``--cuda-graph``) is that case captured once as a CUDA graph and replayed
+  (:func:`split_graph`, :func:`graphed_step`; "skipped: needs CUDA" elsewhere);
 * settings that reach every case, in this process or in a ``--child`` subprocess, through the
   environment (:func:`apply_settings`, :func:`settings`): ``--time-guard`` (a case whose single
   call takes longer is skipped), ``--budget-s`` (cases that start after the deadline are skipped)
@@ -32,6 +34,8 @@ from pml_rank_plugins.functional.backend import use_backend
 from pml_rank_plugins.utils.op_count import OpCounter
 
 SEPARATOR = "@"
+GRAPH_SUFFIX = "+graph"  # "gpu+graph": the gpu backend's call captured in a CUDA graph
+NEEDS_CUDA = "needs CUDA (torch.cuda.make_graphed_callables)"
 BACKEND_CHOICES = ("cpu", "gpu", "triton", "auto")
 GUARD_ENV = "PML_BENCH_TIME_GUARD_S"
 DEADLINE_ENV = "PML_BENCH_DEADLINE"  # time.time() after which no case starts
@@ -88,8 +92,9 @@ def backend_list(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def add_backend_flags(parser) -> None:
-    """``--backends``, ``--time-guard``, ``--budget-s`` and ``--cpu-backend-max``."""
+def add_backend_flags(parser, cuda_graph: bool = False) -> None:
+    """``--backends``, ``--time-guard``, ``--budget-s``, ``--cpu-backend-max`` and, with
+    ``cuda_graph``, ``--cuda-graph``."""
     parser.add_argument(
         "--backends",
         type=backend_list,
@@ -120,6 +125,14 @@ def add_backend_flags(parser) -> None:
         metavar="N",
         help="with --backends: measure the cpu backend only up to this N",
     )
+    if cuda_graph:
+        parser.add_argument(
+            "--cuda-graph",
+            action="store_true",
+            help="with --backends: also each backend but cpu captured in a CUDA graph "
+            "(torch.cuda.make_graphed_callables; rows gpu+graph, triton+graph), measured beside "
+            "its ungraphed row; skipped with 'needs CUDA' on the CPU",
+        )
 
 
 def apply_settings(args) -> None:
@@ -158,6 +171,54 @@ def split_case(case: str) -> tuple[str, str | None]:
     """``"ours@gpu"`` -> ``("ours", "gpu")``; ``"ours"`` -> ``("ours", None)``."""
     base, _, backend = case.partition(SEPARATOR)
     return base, backend or None
+
+
+def split_graph(backend: str | None) -> tuple[str | None, bool]:
+    """``"gpu+graph"`` -> ``("gpu", True)``; ``"gpu"`` -> ``("gpu", False)``."""
+    if backend is not None and backend.endswith(GRAPH_SUFFIX):
+        return backend[: -len(GRAPH_SUFFIX)], True
+    return backend, False
+
+
+def backend_variants(backends: list[str], cuda_graph: bool) -> list[str]:
+    """The backend column's entries in table order: each backend, followed with ``cuda_graph``
+    by its graphed twin (``"gpu+graph"``), except ``cpu`` (it syncs and sizes tensors from the
+    labels: not capturable, docs/performance.md, CUDA graphs)."""
+    variants = []
+    for backend in backends:
+        variants.append(backend)
+        if cuda_graph and backend != "cpu":
+            variants.append(backend + GRAPH_SUFFIX)
+    return variants
+
+
+def graphed_step(
+    loss_fn: Callable, x: torch.Tensor, labels: torch.Tensor, autocast: str = "none"
+) -> Callable[[], torch.Tensor]:
+    """``lambda: loss_fn(x, labels)`` through ``torch.cuda.make_graphed_callables``: the first
+    call captures the loss (three warm-up calls on a side stream, then one forward and one
+    backward graph; inside the timed case's peak-memory window and first-call time), every call
+    copies ``x`` and ``labels`` into the graph's static inputs (as a training step with fresh
+    embeddings would) and replays: forward here, backward on ``.backward()``. ``autocast``
+    (``"bfloat16"`` ...): the forward runs under ``torch.autocast`` with its weight cache off,
+    as ``make_graphed_callables`` requires."""
+    dtype = None if autocast == "none" else getattr(torch, autocast)
+
+    def forward(embeddings: torch.Tensor, batch_labels: torch.Tensor) -> torch.Tensor:
+        if dtype is None:
+            return loss_fn(embeddings, batch_labels)
+        with torch.autocast(embeddings.device.type, dtype=dtype, cache_enabled=False):
+            return loss_fn(embeddings, batch_labels)
+
+    graphed = []
+
+    def step() -> torch.Tensor:
+        if not graphed:
+            sample = (x.detach().clone().requires_grad_(x.requires_grad), labels.clone())
+            graphed.append(torch.cuda.make_graphed_callables(forward, sample))
+        return graphed[0](x, labels)
+
+    return step
 
 
 def backend_context(backend: str | None) -> contextlib.AbstractContextManager:

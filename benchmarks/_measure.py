@@ -51,6 +51,7 @@ from pathlib import Path
 
 import torch
 from _backends import (
+    NEEDS_CUDA,
     CaseSkipped,
     adaptive_repeats,
     add_backend_flags,
@@ -60,10 +61,12 @@ from _backends import (
     count_call,
     cuda_peak,
     flatten,
+    graphed_step,
     guarded_first_calls,
     int_list,
     settings,
     split_case,
+    split_graph,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,8 +215,8 @@ SMOKE_NOTE = (
 def add_pairwise_flags(parser: argparse.ArgumentParser, sizes: list[int]) -> None:
     """The flags of an "ours vs PML vs floor at each N" script: ``--sizes``, ``--dim``, the
     timing flags, ``--pml-max``, the load flags, the device flags (CPU by default) and the
-    backend flags (``--backends``, ``--time-guard``, ``--budget-s``, ``--cpu-backend-max``:
-    ``_backends.add_backend_flags``).
+    backend flags (``--backends``, ``--time-guard``, ``--budget-s``, ``--cpu-backend-max``,
+    ``--cuda-graph``: ``_backends.add_backend_flags``).
 
     Args:
         parser: the script's parser.
@@ -231,7 +234,7 @@ def add_pairwise_flags(parser: argparse.ArgumentParser, sizes: list[int]) -> Non
     parser.add_argument("--pml-max", type=int, default=4096)
     add_load_flags(parser)
     add_device_flags(parser, default_device="cpu")
-    add_backend_flags(parser)
+    add_backend_flags(parser, cuda_graph=True)
 
 
 DEVICES = ("cpu", "cuda")
@@ -597,9 +600,14 @@ def run_pairwise_case(
     ``DEVICES[device_code]``, the loss ``make_loss(case)`` or, for ``case == "floor"``,
     :func:`product_floor`, forward under ``AUTOCAST[autocast_code]``. A case ``"NAME@BACKEND"``
     runs ``make_loss(NAME)`` with ``use_backend(BACKEND)`` around every call (forward and
-    backward). Raises :class:`_backends.CaseSkipped` once ``--budget-s`` has run out."""
+    backward); ``"NAME@BACKEND+graph"`` captures it in a CUDA graph first
+    (:func:`_backends.graphed_step`). Raises :class:`_backends.CaseSkipped` once ``--budget-s``
+    has run out, and for a graphed case off CUDA."""
     check_deadline()
     case, backend = split_case(case)
+    backend, graph = split_graph(backend)
+    if graph and DEVICES[device_code] != "cuda":
+        raise CaseSkipped(NEEDS_CUDA)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     device = torch.device(DEVICES[device_code])
@@ -610,10 +618,12 @@ def run_pairwise_case(
     else:
         loss_fn = make_loss(case)
         compute = lambda: loss_fn(x, labels)  # noqa: E731
+    if graph:  # the forward's autocast is inside the graph
+        compute = graphed_step(loss_fn, x, labels, AUTOCAST[autocast_code])
+    else:
+        compute = under_autocast(compute, device, AUTOCAST[autocast_code])
     with backend_context(backend):
-        return time_backward(
-            x, under_autocast(compute, device, AUTOCAST[autocast_code]), warmup, repeats
-        )
+        return time_backward(x, compute, warmup, repeats)
 
 
 # -- the table ------------------------------------------------------------------------------------

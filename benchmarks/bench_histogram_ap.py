@@ -29,6 +29,10 @@ never slower than PML and <= 2x the floor.
 ``--autocast bfloat16`` runs the forward under ``torch.autocast`` (one table per dtype given),
 ``--json PATH`` writes the results, ``--in-process`` measures every case in this process
 (``benchmarks/_measure.py``; used by ``scripts/gpu_check.sh``).
+``--backends gpu,triton`` adds one row per backend beside PML and the floor, and ``--cuda-graph``
+a twin of each (``gpu+graph``, ``triton+graph``): the loss captured once with
+``torch.cuda.make_graphed_callables`` and replayed, same timing, ratios and counts ("skipped:
+needs CUDA" on the CPU; ``benchmarks/_backend_report.py``).
 Run: ``python benchmarks/bench_histogram_ap.py [--sizes 256 1024 4096 8192] [--load train]
 [--device cpu|cuda] [--autocast none bfloat16] [--json PATH] [--in-process]``.
 """

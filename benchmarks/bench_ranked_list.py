@@ -23,7 +23,8 @@ printed with the table.
 Targets (CPU, 2 threads, N = 4096): ours >= 5x faster than PML and <= 1.5x the floor; ours'
 peak memory growth <= 1/8 of PML's; N = 16384 (``--sizes 16384``) under 1 GiB of growth. The
 same under ``--load train``; under ``--load spawn``: never slower than PML and <= 2x the floor.
-``--device cuda``, ``--autocast``, ``--json PATH`` and ``--in-process``: as in
+``--device cuda``, ``--autocast``, ``--json PATH`` and ``--in-process``, ``--backends`` and
+``--cuda-graph``: as in
 ``bench_histogram_ap.py`` (``benchmarks/_measure.py``).
 Run: ``python benchmarks/bench_ranked_list.py [--sizes 1024 4096 16384] [--load train]
 [--device cpu|cuda] [--autocast none bfloat16] [--json PATH] [--in-process]``.

@@ -38,8 +38,10 @@ from _backends import (  # noqa: E402
     DEADLINE_ENV,
     GUARD_ENV,
     MARKER,
+    NEEDS_CUDA,
     CaseSkipped,
     backend_list,
+    backend_variants,
     classify_profile,
     count_ops,
     flatten,
@@ -47,6 +49,7 @@ from _backends import (  # noqa: E402
     int_list,
     pml_bytes,
     pml_skip_reason,
+    split_graph,
 )
 from _measure import (  # noqa: E402
     LOW_MMAP_THRESHOLD,
@@ -57,7 +60,9 @@ from _measure import (  # noqa: E402
     measure_in_child,
     measure_in_process,
     print_failures,
+    run_case_safely,
     run_json,
+    run_pairwise_case,
     time_calls,
 )
 from bench_memory_bank import paired_times  # noqa: E402
@@ -404,7 +409,7 @@ def test_bench_distributed_prints_four_cases_and_ratios():
 
 
 # -- issue 39: --backends, the op-count proxy, the training step, the GPU script ------------------
-BACKENDS_SMOKE = ("--sizes", "32,48", "--pml-max", "32", "--backends", "cpu,gpu")
+BACKENDS_SMOKE = ("--sizes", "32,48", "--pml-max", "32", "--backends", "cpu,gpu", "--cuda-graph")
 
 
 def by_key(rows: list[list[str]], *columns: int) -> dict:
@@ -418,8 +423,12 @@ def test_bench_histogram_ap_backends_rows_with_pml_floor_and_counts():
     assert "| backend |" in header and "aten ops | sync ops" in header
     rows = by_key(table_rows(out), 0, 1, 2)
     expected = [("floor", "-"), ("PML FastAP", "-")]
-    expected += [(loss, b) for loss in ("FastAP", "mAP_Q") for b in ("cpu", "gpu")]
+    expected += [(loss, b) for loss in ("FastAP", "mAP_Q") for b in ("cpu", "gpu", "gpu+graph")]
     assert list(rows) == [(n, *key) for n in ("32", "48") for key in expected]  # 32,48 parsed
+    for n in ("32", "48"):  # --cuda-graph: a graphed twin of gpu (not of cpu), skipped here
+        for loss, case in (("FastAP", "ours"), ("mAP_Q", "qap")):
+            assert rows[(n, loss, "gpu+graph")][3:] == ["skipped", "-", "-", "-", "-", "-", "-"]
+            assert f"N={n} {case}@gpu+graph: skipped: needs CUDA" in out
     for n in ("32", "48"):
         floor = rows[(n, "floor", "-")]
         assert floor[5] == "1.00x" and floor[-1] == "0"  # S = X X^T syncs nothing
@@ -441,6 +450,8 @@ def test_bench_ranked_list_backends_skips_the_cpu_backend_above_its_max():
     assert rows[("48", "RankedList", "cpu")][3] == "skipped"
     assert float(rows[("48", "RankedList", "gpu")][3]) > 0
     assert "N=48 ours@cpu: skipped: cpu backend above --cpu-backend-max 32" in out
+    assert rows[("48", "RankedList", "gpu+graph")][3] == "skipped"
+    assert "N=48 ours@gpu+graph: skipped: needs CUDA" in out
 
 
 def test_bench_memory_bank_backends_compares_each_case_with_its_own_backends_ref():
@@ -457,6 +468,20 @@ def test_bench_memory_bank_backends_compares_each_case_with_its_own_backends_ref
         row = rows[(case, "gpu")]
         assert row[3].endswith("x") and int(row[-2]) > 0  # vs floor; aten ops
         assert row[4] == "-" if case.endswith("_ref") else row[4].endswith("x")
+
+
+def test_cuda_graph_rows_follow_each_backend_but_cpu_and_need_cuda():
+    assert backend_variants(["cpu", "gpu", "triton"], cuda_graph=False) == ["cpu", "gpu", "triton"]
+    graphed = backend_variants(["cpu", "gpu", "triton"], cuda_graph=True)
+    assert graphed == ["cpu", "gpu", "gpu+graph", "triton", "triton+graph"]
+    assert split_graph("triton+graph") == ("triton", True) and split_graph("gpu") == ("gpu", False)
+    assert split_graph(None) == (None, False)
+    # A graphed case that reaches a CPU child (by hand: the table skips it before) is skipped
+    # with the reason, before any input is made.
+    result = run_case_safely(
+        lambda *a: run_pairwise_case(pytest.fail, *a), "ours@gpu+graph", [8, 4, 0, 0, 0, 1, 1]
+    )
+    assert result == {"time": None, "peak": None, "skipped": NEEDS_CUDA}
 
 
 def test_time_guard_skips_a_slow_case_but_gives_a_slow_first_call_a_second_try():
