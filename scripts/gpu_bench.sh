@@ -12,6 +12,11 @@
 #   bench.json       every result of bench.md, machine-readable (one key per script)
 #   train_step.md    ResNet-50 training step (batch 256, 224 px, bf16 autocast, Adam) and the
 #   train_step.json  loss's share of it, per loss
+# The part `graph` (GPU_BENCH_PARTS=graph; not in the default list) writes the CUDA-graph tables
+# into bench.md / bench.json instead: FastAP / mAP_Q (gpu, triton) and RankedList (gpu), each
+# backend beside its twin captured with torch.cuda.make_graphed_callables (gpu+graph,
+# triton+graph), PML and the floor, at N = 1024, 4096, 16384, in about 2 minutes
+# (docs/performance.md, CUDA graphs).
 # Each part runs with a time limit (`timeout`) and a --budget-s inside it (cases that would start
 # later are skipped and named), one case over --time-guard 5 s is skipped, and a case that fails
 # is printed with its traceback while the rest go on: the script always finishes and writes its
@@ -42,7 +47,7 @@ fi
 
 if [ "$tiny" = 1 ]; then
     device=cpu backends=cpu,gpu bank_backends=gpu,cpu sizes=32,64 big="" pml_max=32 cpu_max=64
-    n_ops=64
+    n_ops=64 graph_sizes=32,64 graph_hist=gpu graph_rll=gpu
     memory=(--memory 64 --batch 8 --dim 8)
     timing=(--warmup 0 --repeats 1 --rounds 1)
     train=(--arch resnet18 --image-size 16 --batch 8 --steps 1 --warmup 0)
@@ -50,7 +55,7 @@ if [ "$tiny" = 1 ]; then
 else
     device=cuda backends=cpu,gpu,triton bank_backends=gpu,triton,cpu
     sizes=256,1024,4096,16384 big=65536 pml_max=16384
-    cpu_max=16384 n_ops=4096
+    cpu_max=16384 n_ops=4096 graph_sizes=1024,4096,16384 graph_hist=gpu,triton graph_rll=gpu
     memory=(--memory 65536 --batch 256 --dim 128)
     timing=(--warmup 2 --repeats 20 --rounds 1)
     train=(--arch resnet50 --image-size 224 --batch 256 --steps 10 --warmup 3)
@@ -113,10 +118,12 @@ common=(--device "$device" --in-process --time-guard 5 "${timing[@]}" --backends
 pairwise=(--sizes "$sizes" $big --pml-max "$pml_max" --cpu-backend-max "$cpu_max")
 
 : > "$out/bench.md"
-# GPU_BENCH_PARTS (default: every part) picks parts for a short lease: ops hist rll bank train.
-# GPU_BENCH_LIMITS="ops hist rll bank train" overrides the five time limits (seconds).
+# GPU_BENCH_PARTS (default: ops hist rll bank train) picks parts for a short lease; graph (the
+# CUDA-graph rows) runs only when named. GPU_BENCH_LIMITS="ops hist rll bank train graph"
+# overrides the time limits (seconds; graph's is split 5/8 FastAP, 3/8 RankedList).
 want() { case " ${GPU_BENCH_PARTS:-ops hist rll bank train} " in *" $1 "*) return 0 ;; esac; return 1; }
-read -r l_ops l_hist l_rll l_bank l_train <<< "${GPU_BENCH_LIMITS:-60 110 75 60 110}"
+read -r l_ops l_hist l_rll l_bank l_train l_graph <<< "${GPU_BENCH_LIMITS:-60 110 75 60 110 120}"
+l_graph="${l_graph:-120}"
 want ops && run "$(limit "$l_ops")" "op counts (CPU proxy, here on $device)" benchmarks/op_counts.py \
     --device "$device" --n "$n_ops" --backends "$backends" --json "$parts/op_counts.json"
 want hist && run "$(limit "$l_hist")" "FastAP / mAP_Q" benchmarks/bench_histogram_ap.py \
@@ -127,6 +134,13 @@ want rll && run "$(limit "$l_rll")" "RankedList" benchmarks/bench_ranked_list.py
 # it runs out, cuts the cpu backend's rows
 want bank && run "$(limit "$l_bank")" "memory bank" benchmarks/bench_memory_bank.py \
     "${memory[@]}" "${common[@]}" --backends "$bank_backends" --budget-s $((l_bank * 3 / 5)) --json "$parts/bench_memory_bank.json"
+# graph: each backend but cpu beside its CUDA-graph twin (on the CPU, --tiny: "skipped: needs
+# CUDA"), with the ungraphed row, PML and the floor of the same run
+graph=(--sizes "$graph_sizes" --pml-max "$pml_max" --cpu-backend-max "$cpu_max" "${common[@]}" --cuda-graph)
+want graph && run "$(limit $((l_graph * 5 / 8)))" "CUDA graphs: FastAP / mAP_Q" benchmarks/bench_histogram_ap.py \
+    "${graph[@]}" --backends "$graph_hist" --budget-s $((l_graph * 5 / 8 * 3 / 4)) --json "$parts/graph_histogram_ap.json"
+want graph && run "$(limit $((l_graph * 3 / 8)))" "CUDA graphs: RankedList" benchmarks/bench_ranked_list.py \
+    "${graph[@]}" --backends "$graph_rll" --budget-s $((l_graph * 3 / 8 * 3 / 4)) --json "$parts/graph_ranked_list.json"
 
 if want train; then
     echo "== training step (limit $(limit "$l_train") s)"
