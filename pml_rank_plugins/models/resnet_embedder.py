@@ -92,12 +92,16 @@ def load_resnet_weights(net: nn.Module, weights_path: str | Path, assign: bool =
     """Load a torchvision ResNet state dict (``"state_dict"`` wrapper, ``"module."`` prefix and
     ``fc.*`` keys tolerated) into ``net`` strictly; a missing file names it and says how to
     obtain it. ``assign``: the file's tensors become the parameters and buffers
-    (``load_state_dict(assign=True)``, for a ``net`` built on the ``meta`` device); a tensor left
-    on ``meta`` afterwards is an error naming it."""
+    (``load_state_dict(assign=True)``, for a ``net`` built on the ``meta`` device), loaded onto
+    torch's default device, where a module built without the file would be (so a model made
+    after ``torch.set_default_device("cuda")`` is on the GPU whole, trunk and head); a tensor
+    left on ``meta`` afterwards is an error naming it. Without ``assign`` the values are copied
+    into ``net``'s tensors wherever they are."""
     path = Path(weights_path)
     if not path.is_file():
         raise FileNotFoundError(f"ResNet weights file not found: {path}. {WEIGHTS_HINT}")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    where = torch.get_default_device() if assign else torch.device("cpu")
+    state = torch.load(path, map_location=where, weights_only=True)
     if isinstance(state, dict) and "state_dict" in state:
         state = state["state_dict"]
     if not isinstance(state, dict):

@@ -5,7 +5,7 @@ import torch
 import torchvision
 
 from pml_rank_plugins import models
-from pml_rank_plugins.models import ResNetEmbedder
+from pml_rank_plugins.models import ResNetEmbedder, ResNetTrunk
 from tests.conftest import TEST_DEVICE
 
 
@@ -39,8 +39,13 @@ def test_weights_path_roundtrip(tmp_path, wrap):
         state = {"state_dict": state}
     path = tmp_path / "r18.pt"
     torch.save(state, path)
-    # weights files load on the CPU (map_location="cpu"): the model moves to the test device
-    model = ResNetEmbedder(depth=18, embedding_dim=8, weights_path=path).to(TEST_DEVICE).eval()
+    # no .to(): a model built from a weights file is on the default device whole (the test
+    # device, tests/conftest.py), as one built without the file
+    model = ResNetEmbedder(depth=18, embedding_dim=8, weights_path=path).eval()
+    trunk = ResNetTrunk(depth=18, weights_path=path)
+    for module in (model, trunk):
+        devices = {t.device for t in [*module.parameters(), *module.buffers()]}
+        assert devices == {torch.empty(0).device}, devices
     source.fc = torch.nn.Identity()
     source.eval()
     x = torch.rand(2, 3, 32, 32)
