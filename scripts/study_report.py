@@ -691,6 +691,24 @@ def _names(names: list[str]) -> str:
     return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
 
 
+def _split_specific(name: str, row: dict, splits: list[str]) -> str:
+    """``"m=0 (lower on split 0; also lower on split 1)"``: the study split's verdict and the
+    other splits where the same direction was decided too (a reader should see a consistent
+    direction that the pooled test, with few splits, cannot confirm)."""
+    study = splits[0]
+    verdict = row["splits"][study]["verdict"]
+    direction = verdict.split()[0]
+    also = [
+        k
+        for k in splits[1:]
+        if row["splits"].get(k) is not None and row["splits"][k]["verdict"].startswith(direction)
+    ]
+    more = (
+        f"; also {direction} on split{'s' if len(also) > 1 else ''} {_names(also)}" if also else ""
+    )
+    return f"{name} ({verdict} on split {study}{more})"
+
+
 def across_splits_sentences(report: dict, what: str) -> str:
     """What holds across splits and what is split-specific, as sentences generated from
     :func:`across_splits` (``what``: how to name the rows, e.g. ``"method"``)."""
@@ -723,7 +741,7 @@ def across_splits_sentences(report: dict, what: str) -> str:
             " same direction on every split and the pooled test significant after Holm)."
         )
     specific = [
-        f"{n} ({r['splits'][study]['verdict']} on split {study})"
+        _split_specific(n, r, splits)
         for n, r in report["rows"].items()
         if not r["holds"]
         and r["splits"][study] is not None

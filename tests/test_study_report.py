@@ -374,6 +374,31 @@ def test_across_splits_pools_the_splits_and_tells_what_holds(tmp_path):
     assert "B (higher on split 0)" in text and "**Split-specific:**" in text
 
 
+def test_split_specific_names_the_other_splits_that_decided_the_same_direction():
+    # D trails by about 5 points on both splits, each split's test decides "lower", but the
+    # pooled test over two splits (1 degree of freedom) is not significant: the sentence says
+    # the direction was decided on split 1 too; E is lower on split 0 only.
+    rng = np.random.default_rng(7)
+    values = {}
+    for split, n in ((0, 10), (1, 5)):
+        ref = 0.70 + 0.02 * rng.standard_normal(n)
+        values[split] = {
+            "ref": list(ref),
+            "D": list(ref - 0.05 + 0.02 * rng.standard_normal(n)),
+            "E": list(ref - (0.05 if split == 0 else 0.0) + 0.005 * rng.standard_normal(n)),
+        }
+    report = study_report.across_splits({s: _split_summary(v, s) for s, v in values.items()}, "ref")
+    d, e = report["rows"]["D"], report["rows"]["E"]
+    assert d["splits"]["0"]["verdict"] == "lower" and d["splits"]["1"]["verdict"] == "lower"
+    assert d["holds"] is False and d["pooled"]["p_holm"] >= 0.05
+    assert e["splits"]["0"]["verdict"] == "lower" and e["splits"]["1"]["verdict"] != "lower"
+    text = study_report.across_splits_sentences(report, "setting")
+    assert (
+        "**Split-specific:** D (lower on split 0; also lower on split 1) and E (lower on split 0):"
+        in text
+    )
+
+
 def test_across_splits_with_the_study_split_alone_tests_nothing():
     values = _synthetic_splits(np.random.default_rng(5))
     report = study_report.across_splits({0: _split_summary(values[0], 0)}, "ref")
