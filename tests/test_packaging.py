@@ -129,7 +129,9 @@ def test_declared_pml_range_matches_the_noxfile_and_the_readme():
     noxfile = (ROOT / "noxfile.py").read_text()
     assert 'PML_LOW = "2.5.0"' in noxfile and 'PML_HIGH = "pytorch-metric-learning<3"' in noxfile
     assert "| pytorch-metric-learning | >= 2.5, < 3 |" in README
-    assert "| torch | >= 2.13 |" in README and "torch>=2.13" in PYPROJECT["project"]["dependencies"]
+    assert "| torch | >= 2.11 |" in README and "torch>=2.11" in PYPROJECT["project"]["dependencies"]
+    # nox -s torch_low tests the declared lowest torch, with the torchvision built for it
+    assert 'TORCH_LOW = ("torch==2.11.0", "torchvision==0.26.0")' in noxfile
 
 
 # -- the built distributions -------------------------------------------------------------------------
