@@ -620,7 +620,7 @@ def across_splits(summaries: dict[int, dict], reference: str) -> dict:
 
 def _split_cell(d: dict | None) -> str:
     if d is None:
-        return "-"
+        return "not run"  # the split's comparison lacks the row (e.g. a --methods subset)
     return f"{statistics.format_difference(d)}: {d['verdict']}"
 
 
@@ -821,8 +821,18 @@ def split_overlap(seed: int, study_seed: int = 0) -> dict[str, dict[str, int]]:
     }
 
 
+def _study_counterpart(docs: Path, folder: Path) -> Path:
+    """The split-0 ``summary.json`` a split step re-runs: ``DOCS/tuned`` for ``seed<k>``,
+    ``DOCS/claims/<claim>`` for ``claims<k>/<claim>``."""
+    if folder.parent.name.startswith("claims"):
+        return docs / "claims" / folder.name / "summary.json"
+    return docs / "tuned" / "summary.json"
+
+
 def _compute_rows(docs: Path) -> tuple[list[str], list[str]]:
-    """The compute table's rows (published steps) and the steps not published yet."""
+    """The compute table's rows (published steps) and the steps not finished: not published
+    yet, or published with fewer rows than the split-0 comparison they re-run (a ``compare
+    --methods`` subset; the missing rows are named, never counted as finished)."""
     rows, missing = [], []
     for step in SPLIT_STEPS:
         folders = (
@@ -840,8 +850,16 @@ def _compute_rows(docs: Path) -> tuple[list[str], list[str]]:
             runs = sum(r.get("n_runs", 0) for r in s["rows"].values())
             failed = sum(r.get("n_failed", 0) for r in s["rows"].values())
             secs = sum(sum(r["seconds"]["values"]) for r in s["rows"].values())
+            shape = f"{len(s['rows'])} x {s['seeds']}"
+            counterpart = _study_counterpart(docs, folder)
+            if counterpart.is_file():
+                wanted = list(json.loads(counterpart.read_text())["rows"])
+                absent = [r for r in wanted if r not in s["rows"]]
+                if absent:
+                    shape = f"{len(wanted) - len(absent)} of {len(wanted)} x {s['seeds']}"
+                    missing.append(f"{name} (not run yet: {', '.join(absent)})")
             rows.append(
-                f"| {name} | {step.removeprefix('claims').removeprefix('seed')} | {len(s['rows'])} x {s['seeds']} |"
+                f"| {name} | {step.removeprefix('claims').removeprefix('seed')} | {shape} |"
                 f" {runs} ({failed} failed) | {secs:,.0f} | {s['total_wall_seconds']:,.0f} |"
                 f" {s.get('jobs', '-')} |"
             )

@@ -474,6 +474,37 @@ def test_splits_main_fills_the_pages_regions_and_lists_missing_steps(tmp_path):
         study_report.splits_main(str(docs), str(page))
 
 
+def test_a_step_published_with_fewer_rows_is_not_finished_and_its_rows_say_not_run(tmp_path):
+    # claim batch_size on split 1 published from `compare --methods` without "M=320": the
+    # compute table says 2 of 3 rows and lists the step as not finished, naming the row; the
+    # claims table shows "not run" for it on split 1 and does not pool it.
+    rng = np.random.default_rng(9)
+    values = _synthetic_splits(rng)
+    claim = {
+        s: {
+            "M=80": v["ref"],
+            "M=40": list(np.array(v["ref"]) - 0.07 + 0.01 * rng.standard_normal(len(v["ref"]))),
+            "M=320": list(np.array(v["ref"]) + 0.01 * rng.standard_normal(len(v["ref"]))),
+        }
+        for s, v in values.items()
+    }
+    claim[1].pop("M=320")
+    docs = tmp_path / "docs" / "study"
+    _write_split_docs(
+        docs, {0: values[0], 1: values[1]}, {"batch_size": {0: claim[0], 1: claim[1]}}
+    )
+    sections = study_report.splits_markdown(docs)
+    assert "| claims1/batch_size | 1 | 2 of 3 x 5 | 10 (0 failed) |" in sections["compute"]
+    assert "claims1/batch_size (not run yet: M=320)" in sections["compute"]
+    assert "**Every step has finished.**" not in sections["compute"]
+    row = next(x for x in sections["claims"].splitlines() if x.startswith("| M=320 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "not run" and cells[3] == "-"
+    assert cells[-1] == "not tested (a split lacks the row, or the spread of its differences)"
+    m40 = next(x for x in sections["claims"].splitlines() if x.startswith("| M=40 |"))
+    assert "not run" not in m40 and "(τ" in m40
+
+
 def test_the_simulations_pooled_test_is_random_effects_mean():
     rng = np.random.default_rng(8)
     y, v = rng.normal(0, 0.03, (6, 3)), rng.uniform(1e-5, 4e-4, (6, 3))
