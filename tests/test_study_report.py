@@ -432,16 +432,25 @@ def _write_split_docs(docs: Path, values: dict, claims: dict | None = None) -> N
             (folder / "summary.json").write_text(json.dumps(summary))
 
 
-def test_splits_main_fills_the_pages_regions_and_lists_missing_steps(tmp_path):
-    rng = np.random.default_rng(7)
-    values = _synthetic_splits(rng)
-    claim = {
+def _claim_splits(values: dict, rng: np.random.Generator, reference: str, shifts: dict) -> dict:
+    """A claim's test MAP@R per split: ``reference`` is the split's ``"ref"`` row, each other
+    setting that row shifted by ``shifts[name]`` plus noise (sd 0.01)."""
+    return {
         s: {
-            "tuned": v["ref"],
-            "m=0": list(np.array(v["ref"]) - 0.07 + 0.01 * rng.standard_normal(len(v["ref"]))),
+            reference: v["ref"],
+            **{
+                name: list(np.array(v["ref"]) + shift + 0.01 * rng.standard_normal(len(v["ref"])))
+                for name, shift in shifts.items()
+            },
         }
         for s, v in values.items()
     }
+
+
+def test_splits_main_fills_the_pages_regions_and_lists_missing_steps(tmp_path):
+    rng = np.random.default_rng(7)
+    values = _synthetic_splits(rng)
+    claim = _claim_splits(values, rng, "tuned", {"m=0": -0.07})
     docs = tmp_path / "docs" / "study"
     _write_split_docs(
         docs, {0: values[0], 1: values[1]}, {"rll_margin_tn": {0: claim[0], 1: claim[1]}}
@@ -480,14 +489,7 @@ def test_a_step_published_with_fewer_rows_is_not_finished_and_its_rows_say_not_r
     # claims table shows "not run" for it on split 1 and does not pool it.
     rng = np.random.default_rng(9)
     values = _synthetic_splits(rng)
-    claim = {
-        s: {
-            "M=80": v["ref"],
-            "M=40": list(np.array(v["ref"]) - 0.07 + 0.01 * rng.standard_normal(len(v["ref"]))),
-            "M=320": list(np.array(v["ref"]) + 0.01 * rng.standard_normal(len(v["ref"]))),
-        }
-        for s, v in values.items()
-    }
+    claim = _claim_splits(values, rng, "M=80", {"M=40": -0.07, "M=320": 0.0})
     claim[1].pop("M=320")
     docs = tmp_path / "docs" / "study"
     _write_split_docs(
