@@ -692,9 +692,10 @@ def _names(names: list[str]) -> str:
 
 
 def _split_specific(name: str, row: dict, splits: list[str]) -> str:
-    """``"m=0 (lower on split 0; also lower on split 1)"``: the study split's verdict and the
-    other splits where the same direction was decided too (a reader should see a consistent
-    direction that the pooled test, with few splits, cannot confirm)."""
+    """``"m=0 (lower on split 0; also lower on split 1)"``: the study split's verdict, the
+    other splits where the same direction was decided too and, when the mean difference has the
+    same sign on every split without each deciding it, ``"; the same sign on every split"`` (a
+    reader should see a consistent direction that the pooled test does not confirm)."""
     study = splits[0]
     verdict = row["splits"][study]["verdict"]
     direction = verdict.split()[0]
@@ -706,6 +707,8 @@ def _split_specific(name: str, row: dict, splits: list[str]) -> str:
     more = (
         f"; also {direction} on split{'s' if len(also) > 1 else ''} {_names(also)}" if also else ""
     )
+    if row["same_direction"] and len(also) < len(splits) - 1:
+        more += "; the same sign on every split"
     return f"{name} ({verdict} on split {study}{more})"
 
 

@@ -397,6 +397,15 @@ def test_split_specific_names_the_other_splits_that_decided_the_same_direction()
         "**Split-specific:** D (lower on split 0; also lower on split 1) and E (lower on split 0):"
         in text
     )
+    # F trails on both splits, decided on split 0 only: the shared sign is named, no verdict
+    values[0]["F"] = list(np.array(values[0]["ref"]) - 0.05 + 0.005 * rng.standard_normal(10))
+    values[1]["F"] = list(np.array(values[1]["ref"]) - 0.01 + 0.03 * np.array([1, -1, 1, -1, 0]))
+    report = study_report.across_splits({s: _split_summary(v, s) for s, v in values.items()}, "ref")
+    f = report["rows"]["F"]
+    assert f["splits"]["0"]["verdict"] == "lower" and f["splits"]["1"]["verdict"] != "lower"
+    assert f["same_direction"] and not f["holds"]
+    text = study_report.across_splits_sentences(report, "setting")
+    assert "F (lower on split 0; the same sign on every split)" in text
 
 
 def test_across_splits_with_the_study_split_alone_tests_nothing():
