@@ -824,12 +824,10 @@ def split_overlap(seed: int, study_seed: int = 0) -> dict[str, dict[str, int]]:
     }
 
 
-def _study_counterpart(docs: Path, folder: Path) -> Path:
-    """The split-0 ``summary.json`` a split step re-runs: ``DOCS/tuned`` for ``seed<k>``,
-    ``DOCS/claims/<claim>`` for ``claims<k>/<claim>``."""
-    if folder.parent.name.startswith("claims"):
-        return docs / "claims" / folder.name / "summary.json"
-    return docs / "tuned" / "summary.json"
+def _study_summary(docs: Path, claim: str | None = None) -> Path:
+    """The split-0 ``summary.json`` that the split steps re-run: ``DOCS/tuned`` (the methods,
+    steps ``seed<k>``) or ``DOCS/claims/<claim>`` (steps ``claims<k>/<claim>``)."""
+    return docs / ("tuned" if claim is None else f"claims/{claim}") / "summary.json"
 
 
 def _compute_rows(docs: Path) -> tuple[list[str], list[str]]:
@@ -854,7 +852,8 @@ def _compute_rows(docs: Path) -> tuple[list[str], list[str]]:
             failed = sum(r.get("n_failed", 0) for r in s["rows"].values())
             secs = sum(sum(r["seconds"]["values"]) for r in s["rows"].values())
             shape = f"{len(s['rows'])} x {s['seeds']}"
-            counterpart = _study_counterpart(docs, folder)
+            claim = folder.name if step.startswith("claims") else None
+            counterpart = _study_summary(docs, claim)
             if counterpart.is_file():
                 wanted = list(json.loads(counterpart.read_text())["rows"])
                 absent = [r for r in wanted if r not in s["rows"]]
@@ -915,15 +914,15 @@ def load_split_summaries(docs: Path) -> tuple[dict[int, dict], dict[str, dict[in
         tail = folder.name[len(prefix) :]
         return int(tail) if folder.name.startswith(prefix) and tail.isdigit() else None
 
-    methods = {0: read(docs / "tuned" / "summary.json", 0)}
+    methods = {0: read(_study_summary(docs), 0)}
     found = [(seed_of(f, "seed"), f) for f in (docs / "splits").glob("seed*")]
     for k, folder in sorted((k, f) for k, f in found if k is not None):
         if (folder / "summary.json").is_file():
             methods[k] = read(folder / "summary.json", k)
     claims: dict[str, dict[int, dict]] = {}
     for claim in SPLIT_CLAIMS:
-        if (docs / "claims" / claim / "summary.json").is_file():
-            claims[claim] = {0: read(docs / "claims" / claim / "summary.json", 0)}
+        if _study_summary(docs, claim).is_file():
+            claims[claim] = {0: read(_study_summary(docs, claim), 0)}
         found = [(seed_of(f, "claims"), f) for f in (docs / "splits").glob("claims*")]
         for k, folder in sorted((k, f) for k, f in found if k is not None):
             if claim in claims and (folder / claim / "summary.json").is_file():
