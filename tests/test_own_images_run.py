@@ -88,3 +88,17 @@ def test_the_retrieval_record_names_the_classes(folder_run, tmp_path):
     for entry in record["queries"] + record["worst"]:
         assert entry["class_name"] == names[entry["label"]]
         assert entry["retrieved_class_names"] == [names[c] for c in entry["retrieved_labels"]]
+
+
+def test_the_shipped_own_images_config_checks_on_a_generated_folder(tmp_path, capsys):
+    # DATA_ROOT/images/<class>/<image>, RGB of another size than the transforms' 32 x 32
+    classes = {"x": [f"class {i}" for i in range(8)]}
+    make_image_folder(
+        tmp_path / "images", classes, size=40, categories=False, bad_file=False, empty_class=False
+    )
+    argv = ["check", "own_images", "--data-root", str(tmp_path), "--methods", "plugin FastAP"]
+    assert main([*argv, "--set", "trainer.MetricLossOnly.batch_size=8"]) == 0, capsys.readouterr()
+    assert "plugin FastAP" in capsys.readouterr().out
+    # the default batch of 64 does not fit 4 training classes x 4 images: refused, naming it
+    assert main(argv) == 2
+    assert "cannot fill a batch of 64" in capsys.readouterr().err
