@@ -7,9 +7,7 @@ import csv
 from pathlib import Path
 from typing import Callable
 
-from PIL import Image
-
-from .images import _DECODE_ERRORS, DatasetFormatError, ImageListDataset, format_error
+from .images import DatasetFormatError, ImageListDataset, format_error
 from .labels import UNLABELED
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -168,10 +166,10 @@ class ImageFolderDataset(ImageListDataset):
         """Every problem of the folder, as ``(path, reason)`` pairs, for ``pml-rank check``.
 
         The empty class folders and ignored entries found when the dataset was built, then (with
-        ``headers``) every image file whose header PIL cannot read (``Image.open``: the format
-        and size are read, the pixels are not; a file truncated after its header is found only
-        when decoded). ``progress(done, total)`` is called after each image file (a progress
-        bar on large folders). Cost: one ``open`` and a few hundred bytes read per image.
+        ``headers``) every image file whose header PIL cannot read
+        (:meth:`ImageListDataset.scan <pml_rank_plugins.data.ImageListDataset.scan>`:
+        ``progress(done, total)`` after each file; one ``open`` and a few hundred bytes read per
+        image).
 
         Returns:
             ``[(path, reason), ...]``: empty class folders first, then ignored entries, then
@@ -182,34 +180,12 @@ class ImageFolderDataset(ImageListDataset):
             for p in self.empty_classes
         ]
         problems += [(str(p), reason) for p, reason in self.ignored]
-        if not headers:
-            return problems
-        total = len(self.paths)
-        for index in range(total):
-            path = self.image_path(index)
-            reason = _header_problem(path)
-            if reason is not None:
-                problems.append((str(path), reason))
-            if progress is not None:
-                progress(index + 1, total)
-        return problems
+        return problems + (super().scan(progress) if headers else [])
 
 
 def _visible(folder: Path) -> list[Path]:
     """The entries of ``folder`` not starting with ``.``, sorted by name."""
     return sorted((p for p in folder.iterdir() if not p.name.startswith(".")), key=lambda p: p.name)
-
-
-def _header_problem(path: Path) -> str | None:
-    """Why PIL cannot read ``path``'s image header, or None when it can."""
-    try:
-        with Image.open(path) as image:
-            image.size  # noqa: B018 -- the header is parsed by open(); size proves it
-    except Image.UnidentifiedImageError:
-        return "cannot identify image file (not an image PIL can read, or empty)"
-    except _DECODE_ERRORS as err:
-        return f"cannot read the image header ({err})"
-    return None
 
 
 def _read_mapping(path: Path, class_names: list[str], root: Path) -> dict[str, str]:
