@@ -87,7 +87,7 @@ class ImageFolderDataset(ImageListDataset):
         self.ignored: list[tuple[Path, str]] = []
         self.empty_classes: list[Path] = []
         folders = self._class_folders(root, category_folders)
-        files = {rel: self._image_files(root / rel) for rel in folders}
+        files = {rel: self._image_files(root / rel, category_folders) for rel in folders}
         self.empty_classes += [root / rel for rel, found in files.items() if not found]
         self.class_names = sorted(rel for rel, found in files.items() if found)
         if not self.class_names:
@@ -131,16 +131,19 @@ class ImageFolderDataset(ImageListDataset):
                         why = f"a file in a category folder, outside the class folders ({layout})"
                         self.ignored.append((sub, f"{why}: not used"))
                 if not any(sub.is_dir() for sub in inner):
-                    self.ignored.append((entry, "a category folder without class folders"))
+                    self.ignored.append(
+                        (entry, "a category folder without class folders: not used")
+                    )
         return out
 
-    def _image_files(self, folder: Path) -> list[Path]:
+    def _image_files(self, folder: Path, category_folders: bool) -> list[Path]:
         """The image files directly in a class folder, sorted by name; the rest to ``ignored``."""
         found = []
         for entry in _visible(folder):
             if entry.is_dir():
-                why = "a folder inside a class folder: not read (images go directly in the class"
-                self.ignored.append((entry, f"{why} folder; category folders: category_folders)"))
+                why = "a folder inside a class folder: not read (images go directly in the class "
+                hint = "" if category_folders else "; root/<category>/<class>/: category_folders"
+                self.ignored.append((entry, f"{why}folder{hint})"))
             elif entry.suffix.lower() in IMAGE_SUFFIXES:
                 found.append(entry)
             else:
