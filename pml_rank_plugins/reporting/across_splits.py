@@ -25,8 +25,9 @@ from .tables import metric_label, verdict
 SPLIT_KEY = "split.class_disjoint_split.seed"  # what `compare --allow-budget-change` records
 
 
-def split_seed(summary: dict, where: str, expected: int) -> int:
-    """The class split of a comparison: the ``split.class_disjoint_split.seed`` that its
+def split_seed(summary: dict, where: str, expected: int, key: str = SPLIT_KEY) -> int:
+    """The class split of a comparison: the split seed (``key``, by default
+    ``split.class_disjoint_split.seed``) that its
     ``summary.json`` records in ``budget_changes`` (``compare --tuned ... --allow-budget-change
     --set``), else ``expected`` (a comparison run at its config's split, or a claim, whose
     ``--set`` is not recorded). A recorded seed other than ``expected`` raises ValueError naming
@@ -35,10 +36,10 @@ def split_seed(summary: dict, where: str, expected: int) -> int:
         c["used"]
         for changes in (summary.get("budget_changes") or {}).values()
         for c in changes
-        if c.get("key") == SPLIT_KEY
+        if c.get("key") == key
     }
     if len(used) > 1 or (used and used != {expected}):
-        raise ValueError(f"{where}: records {SPLIT_KEY} = {sorted(used)}, expected {expected}")
+        raise ValueError(f"{where}: records {key} = {sorted(used)}, expected {expected}")
     return expected
 
 

@@ -1,0 +1,98 @@
+"""``pml-rank study`` end to end on the glyph data: equal-budget tuning, the tuned settings on 2
+class-disjoint splits x 2 seeds, the per-split and pooled verdicts in one report; a rerun with
+``--resume`` trains nothing; a second study into the same folder is refused without it."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import yaml
+
+from pml_rank_plugins.cli import main
+from pml_rank_plugins.experiment.schema import load_yaml
+from pml_rank_plugins.running import runner
+from pml_rank_plugins.running.study_plan import PLAN_FILE
+from tests.running.test_tune import workers_in_process  # noqa: F401 (fixture)
+from tests.running.test_tune import glyph_config, trials_of
+
+METHODS = ("plugin FastAP", "PML Contrastive")
+
+
+@pytest.fixture(scope="module")
+def study_args(tmp_path_factory):
+    """The command line of a tiny study: 2 methods x 2 trials of 1 epoch x 2 iterations, then
+    2 splits x 2 seeds x 2 methods (8 runs), no retrieval pictures."""
+    root = tmp_path_factory.mktemp("study")
+    path = root / "c.yaml"
+    path.write_text(yaml.safe_dump(glyph_config(epochs=1), sort_keys=False))
+    out = root / "out"
+    args = ["study", str(path), "--out", str(out), "--trials", "2", "--seeds", "2"]
+    return args + ["--splits", "2", "--no-pictures"], out
+
+
+def run_files(out) -> dict:
+    """``{metrics.json path: its bytes}`` of every trial and run under ``out``."""
+    return {str(p): p.read_bytes() for p in sorted(out.glob("**/metrics.json"))}
+
+
+@pytest.mark.usefixtures("workers_in_process", "png_plots_only")
+def test_a_tiny_study_reports_across_splits_and_resumes_without_training(
+    study_args, capsys, caplog, monkeypatch
+):
+    args, out = study_args
+    caplog.set_level(logging.INFO, logger="pml_rank_plugins.running.study_plan")
+    assert main(args) == 0
+    printed = capsys.readouterr()
+    # the tuning: the same budget for both methods, on the config's own split
+    for method in METHODS:
+        assert len(trials_of(out / "tune", method)) == 2
+    # the tuned settings on split 0 (the config's) and split 1 (split seed + 1), 2 seeds each
+    for split in (0, 1):
+        summary = json.loads((out / f"split{split}" / "summary.json").read_text())
+        assert list(summary["rows"]) == list(METHODS) and summary["seeds"] == 2
+        run = load_yaml(out / f"split{split}" / "plugin_FastAP" / "seed1" / "config.yaml")
+        assert run["split"]["class_disjoint_split"]["seed"] == split
+        changed = {c["key"] for c in summary["budget_changes"].get("plugin FastAP", [])}
+        assert changed == ({"split.class_disjoint_split.seed"} if split else set())
+    report = json.loads((out / "study.json").read_text())
+    across = report["across_splits"]
+    assert list(across["splits"]) == ["0", "1"] and across["reference"] == "plugin FastAP"
+    assert list(across["rows"]) == ["PML Contrastive"]
+    row = across["rows"]["PML Contrastive"]
+    # each split's cell is that split's own paired difference (2 seeds), pooled over both
+    for split in ("0", "1"):
+        summary = json.loads((out / f"split{split}" / "summary.json").read_text())
+        d = summary["differences"]["PML Contrastive"]["mean_average_precision_at_r"]
+        assert row["splits"][split]["mean"] == pytest.approx(d["mean"], abs=1e-12)
+        assert row["splits"][split]["n"] == 2
+    assert report["plan"]["split_seeds"] == [0, 1] and report["failed_runs"] == 0
+    md = (out / "study.md").read_text()
+    assert "## Across splits" in md and "| PML Contrastive | " in md
+    assert "split 0 (study), n = 2 | split 1, n = 2 | pooled (95% CI; τ)" in md
+    assert "holds across splits" in md and "## Split 1" in md and "## Tuning" in md
+    assert (out / "across_splits.png").stat().st_size > 0
+    assert md in printed.out  # the report is printed
+    assert "study [done]: 12 of 12 trainings done (4 trials, 8 runs)" in caplog.text
+    assert "ETA" in caplog.text
+
+    # --resume on the finished study: nothing trains, every run file stays as it was
+    before = run_files(out)
+    assert len(before) == 4 + 8
+
+    def no_training(*a, **k):
+        raise AssertionError("a --resume of a finished study trained a run")
+
+    monkeypatch.setattr(runner, "train_run", no_training)
+    assert main(args + ["--resume"]) == 0
+    assert run_files(out) == before
+    again = json.loads((out / "study.json").read_text())
+    assert again["across_splits"] == across
+
+    # without --resume the folder is refused before anything trains, naming the fix
+    assert main(args) == 2
+    assert f"holds a study ({PLAN_FILE}); pass --resume" in capsys.readouterr().err
+    # a resume that changes the tuning budget is refused, naming the key
+    assert main(args + ["--resume", "--trials", "3"]) == 2
+    assert "planned with other trials" in capsys.readouterr().err
