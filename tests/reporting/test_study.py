@@ -1,17 +1,20 @@
 """``pml-rank study`` end to end on the glyph data: equal-budget tuning, the tuned settings on 2
 class-disjoint splits x 2 seeds, the per-split and pooled verdicts in one report; a rerun with
-``--resume`` trains nothing; a second study into the same folder is refused without it."""
+a study killed in its last step continues with ``--resume`` (training only what is missing), a
+second ``--resume`` trains nothing, and a study into a used folder is refused without it."""
 
 from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import yaml
 
 from pml_rank_plugins.cli import main
 from pml_rank_plugins.experiment.schema import load_yaml
+from pml_rank_plugins.reporting import study
 from pml_rank_plugins.running import runner
 from pml_rank_plugins.running.study_plan import PLAN_FILE
 from tests.running.test_tune import workers_in_process  # noqa: F401 (fixture)
@@ -37,13 +40,46 @@ def run_files(out) -> dict:
     return {str(p): p.read_bytes() for p in sorted(out.glob("**/metrics.json"))}
 
 
+def counting_training(monkeypatch) -> list:
+    """Count the trainings (trials and runs: ``runner.train_run``) from here on."""
+    calls: list = []
+    real = runner.train_run
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])  # the run folder
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "train_run", counted)
+    return calls
+
+
 @pytest.mark.usefixtures("workers_in_process", "png_plots_only")
-def test_a_tiny_study_reports_across_splits_and_resumes_without_training(
+def test_a_tiny_study_killed_in_a_step_resumes_and_reports_across_splits(
     study_args, capsys, caplog, monkeypatch
 ):
     args, out = study_args
     caplog.set_level(logging.INFO, logger="pml_rank_plugins.running.study_plan")
-    assert main(args) == 0
+    # killed in the last step (split 1) before it trains: the tune and split 0 are done
+    real_step = study._split_step
+
+    def killed_at_split_1(selected, out_dir, plan, k, *rest):
+        if k == 1:
+            raise KeyboardInterrupt
+        return real_step(selected, out_dir, plan, k, *rest)
+
+    with monkeypatch.context() as m:
+        m.setattr(study, "_split_step", killed_at_split_1)
+        with pytest.raises(KeyboardInterrupt):
+            main(args)
+    assert (out / "split0" / "summary.json").is_file() and not (out / "split1").exists()
+    # without --resume the folder is refused before anything trains, naming the fix
+    assert main(args) == 2
+    assert f"holds a study ({PLAN_FILE}); pass --resume" in capsys.readouterr().err
+    # the resume trains split 1's 4 runs only: no trial, nothing of split 0 again
+    trained = counting_training(monkeypatch)
+    assert main(args + ["--resume"]) == 0
+    assert sorted({p.parent.parent.name for p in map(Path, trained)}) == ["split1"]
+    assert len(trained) == 4
     printed = capsys.readouterr()
     # the tuning: the same budget for both methods, on the config's own split
     for method in METHODS:
@@ -81,18 +117,11 @@ def test_a_tiny_study_reports_across_splits_and_resumes_without_training(
     before = run_files(out)
     assert len(before) == 4 + 8
 
-    def no_training(*a, **k):
-        raise AssertionError("a --resume of a finished study trained a run")
-
-    monkeypatch.setattr(runner, "train_run", no_training)
     assert main(args + ["--resume"]) == 0
+    assert len(trained) == 4  # no new training
     assert run_files(out) == before
     again = json.loads((out / "study.json").read_text())
     assert again["across_splits"] == across
-
-    # without --resume the folder is refused before anything trains, naming the fix
-    assert main(args) == 2
-    assert f"holds a study ({PLAN_FILE}); pass --resume" in capsys.readouterr().err
     # a resume that changes the tuning budget is refused, naming the key
     assert main(args + ["--resume", "--trials", "3"]) == 2
     assert "planned with other trials" in capsys.readouterr().err
