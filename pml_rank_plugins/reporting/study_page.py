@@ -37,7 +37,7 @@ class partition, so a gap that exists on one split only does not count as shown.
 (1 degree of freedom) almost nothing can hold; more splits (`--splits`) buy power, more seeds
 (`--seeds`) narrow each split's interval.
 
-**Caveats.** Every method was tuned with the same budget ({trials} trials) on split
+**Caveats.** Every method was tuned with the same budget ({trials}) on split
 {first}'s validation classes; on the other splits some of those classes are test classes, so a
 setting can look better on a split whose test classes it was tuned on. The reference
 ({reference}) was fixed before any result: {reference_rule}.
@@ -65,11 +65,11 @@ def study_markdown(report: dict, summaries: Mapping[int, dict], tune_md: str) ->
     parts = [
         f"# Study: is any method better than {plan['reference']}?",
         "",
-        f"{len(plan['methods'])} methods ({', '.join(plan['methods'])}), each tuned with"
-        f" {plan['trials']} trials on split {plan['split_seeds'][0]}'s validation classes, then"
-        f" retrained with its tuned setting on {plan['seeds']} paired seeds on each of"
-        f" {len(plan['split_seeds'])} class-disjoint splits ({key}). Test {label}, every"
-        f" method against {plan['reference']}.",
+        f"{_count(len(plan['methods']), 'method')} ({', '.join(plan['methods'])}), each tuned"
+        f" with {_count(plan['trials'], 'trial')} on split {plan['split_seeds'][0]}'s validation"
+        f" classes, then retrained with its tuned setting on {_count(plan['seeds'], 'paired seed')}"
+        f" on each of {_count(len(plan['split_seeds']), 'class-disjoint split')} ({key}). Test"
+        f" {label}, every method against {plan['reference']}.",
         "",
         "## Across splits",
         "",
@@ -79,7 +79,7 @@ def study_markdown(report: dict, summaries: Mapping[int, dict], tune_md: str) ->
         "",
         CAVEATS.format(
             reference=plan["reference"],
-            trials=plan["trials"],
+            trials=_count(plan["trials"], "trial"),
             first=plan["split_seeds"][0],
             reference_rule="`--reference`, else the config's first method",
         ),
@@ -91,6 +91,11 @@ def study_markdown(report: dict, summaries: Mapping[int, dict], tune_md: str) ->
     parts += ["## Tuning", "", f"From `{TUNE_DIR}/`.", "", tune_md.rstrip("\n"), ""]
     parts += [compute_markdown(report, summaries)]
     return "\n".join(parts)
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 trial"``, ``"2 trials"``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def compute_markdown(report: dict, summaries: Mapping[int, dict]) -> str:
@@ -142,7 +147,8 @@ def across_figure(across: dict):
             hi.append(100 * (d["ci_high"] - d["mean"]))
         pooled = split == "pooled"
         color = style.OKABE_ITO["black"] if pooled else style.SERIES_COLORS[j % 8]
-        marker = "D" if pooled else style.MARKERS[j % len(style.MARKERS)]
+        markers = [m for m in style.MARKERS if m != "D"]  # the diamond: the pooled mean only
+        marker = "D" if pooled else markers[j % len(markers)]
         label = "pooled (random effects)" if pooled else f"split {split}"
         ax.errorbar(xs, ys, xerr=[lo, hi], fmt=marker, color=color, capsize=3, label=label)
     ax.axvline(0, color=style.GREY, linewidth=1)
