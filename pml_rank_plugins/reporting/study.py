@@ -55,7 +55,8 @@ def run_study(
     ``trials``: per method (default: the configs' ``tune.trials``, which must agree).
     ``reference``: the method the others are compared with (default: the first). Returns
     ``study.json``'s content. Raises ``ConfigError`` (config, plan or resume mistakes, before
-    anything trains) and what the steps raise.
+    anything trains), ``ValueError`` when a method has no complete trial after the tuning
+    (nothing to retrain), and what the steps raise.
     """
     out_dir = Path(out_dir)
     selected = collect_tune_methods(configs, overrides, methods, data_root)
@@ -64,7 +65,7 @@ def run_study(
     progress, seconds = Progress(out_dir, plan, jobs), {}
     progress.log(f"{TUNE_DIR}, step 1 of {len(plan.split_seeds) + 1}")
     t0 = time.perf_counter()
-    run_tune(selected, out_dir / TUNE_DIR, trials=plan.trials, jobs=jobs, device=device)
+    _tune_step(selected, out_dir, plan, jobs, device)
     seconds[TUNE_DIR] = time.perf_counter() - t0
     common = dict(data_root=data_root, device=device, jobs=jobs, pictures=pictures)
     summaries = {}
@@ -76,6 +77,21 @@ def run_study(
     report = write_study_outputs(out_dir, plan, summaries, seconds)
     progress.log("done")
     return report
+
+
+def _tune_step(
+    selected: Mapping, out_dir: Path, plan: StudyPlan, jobs: int, device: str | None
+) -> None:
+    """Tune every method into ``OUT/tune`` (a continued study adds only the missing trials);
+    raises ValueError naming the methods without a complete trial (nothing to retrain)."""
+    tuned = run_tune(selected, out_dir / TUNE_DIR, trials=plan.trials, jobs=jobs, device=device)
+    empty = [m for m, s in tuned["methods"].items() if s["best_params"] is None]
+    if empty:  # every trial failed or was pruned: the config needs a fix, not more trials
+        raise ValueError(
+            f"no complete trial for {empty} after {plan.trials} trial(s) each; see "
+            f"{out_dir / TUNE_DIR / 'tune.md'} and the trials' failed.json, fix the config and "
+            "study it into another --out"
+        )
 
 
 def _split_step(

@@ -159,3 +159,23 @@ def test_a_tiny_study_killed_in_a_step_resumes_and_reports_across_splits(
     # a resume that changes the tuning budget is refused, naming the key
     assert main(args + ["--resume", "--trials", "3"]) == 2
     assert "planned with other trials" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("workers_in_process", "png_plots_only")
+def test_a_study_whose_trials_all_fail_stops_after_the_tuning_naming_the_methods(
+    tmp_path, capsys, monkeypatch
+):
+    gen = make_image_folder(tmp_path / "photos", CLASSES, images_per_class=4, size=8)
+    gen.broken.unlink()
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(folder_study_config(gen.root), sort_keys=False))
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(runner, "train_run", failing)
+    args = ["study", str(path), "--out", str(tmp_path / "out"), "--trials", "1", "--seeds", "2"]
+    assert main(args + ["--no-pictures"]) == 1
+    err = capsys.readouterr().err
+    assert "pml-rank: error: no complete trial for ['plugin FastAP', 'PML Contrastive']" in err
+    assert "tune.md" in err and not (tmp_path / "out" / "split0").exists()
