@@ -34,7 +34,7 @@ from ..experiment import registry
 from ..experiment.schema import SPLIT_KEYS, ConfigError, spec_name_and_kwargs
 from ..experiment.search_space import tune_section
 from ..experiment.tuned import budget_config, config_hash
-from .study import counted_trials, default_storage, make_storage
+from .study import counted_trials, default_storage, is_interrupted, make_storage
 
 LOGGER = logging.getLogger(__name__)
 PLAN_FILE = "study_plan.json"
@@ -212,7 +212,8 @@ class Progress:
 
 def trials_done(out_dir: Path, plan: StudyPlan) -> tuple[int, list[float]]:
     """The trials that count toward the budget (at most ``plan.trials`` per method) and the
-    seconds of the finished ones, from ``OUT/tune/tune.db`` (none before it exists)."""
+    seconds of the finished ones (interrupted ones left out), from ``OUT/tune/tune.db`` (none
+    before it exists)."""
     db = out_dir / TUNE_DIR / "tune.db"
     if not db.is_file():
         return 0, []
@@ -226,7 +227,12 @@ def trials_done(out_dir: Path, plan: StudyPlan) -> tuple[int, list[float]]:
             study = optuna.load_study(study_name=method, storage=storage)
             count += min(plan.trials, counted_trials(study))
             trials = study.get_trials(deepcopy=False)
-            seconds += [t.duration.total_seconds() for t in trials if t.duration is not None]
+            # an interrupted trial's end is when a later call marked it, not its work's end
+            seconds += [
+                t.duration.total_seconds()
+                for t in trials
+                if t.duration is not None and not is_interrupted(t)
+            ]
     finally:
         storage.engine.dispose()
     return count, seconds

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import optuna
 import pytest
 
 from pml_rank_plugins.experiment.schema import ConfigError, deep_merge
@@ -128,3 +129,21 @@ def test_eta_is_the_mean_training_time_times_the_rounds_left():
     assert eta_seconds([10.0], remaining=5, jobs=1) == 50.0
     assert eta_seconds([], remaining=5) is None and eta_seconds([], remaining=0) == 0.0
     assert [format_seconds(s) for s in (42.4, 185, 7620)] == ["42 s", "3 min 05 s", "2 h 07 min"]
+
+
+def test_trials_are_counted_from_the_storage_without_the_interrupted_ones(tmp_path):
+    plan = make_plan(configs(), 2, seeds=1, splits=1)  # 2 trials per method
+    (tmp_path / "tune").mkdir()
+    url = f"sqlite:///{tmp_path / 'tune' / 'tune.db'}"
+    for method, outcomes in (("a", ["done", "interrupted", "done", "done"]), ("b", ["done"])):
+        study = optuna.create_study(storage=url, study_name=method, direction="maximize")
+        for outcome in outcomes:
+            trial = study.ask()
+            if outcome == "interrupted":  # as tune marks a trial whose process died
+                trial.set_user_attr("error", "interrupted: its process 1 is gone")
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                study.tell(trial, 0.5)
+    count, seconds = study_plan.trials_done(tmp_path, plan)
+    # a: 3 that count, capped at the plan's 2, and b's 1; timed: the 4 that were not interrupted
+    assert count == 3 and len(seconds) == 4 and all(s >= 0 for s in seconds)
