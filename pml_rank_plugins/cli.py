@@ -14,12 +14,16 @@ pml-rank check CONFIG... [--methods A,B] [--set key=value ...] [--device D]   # 
 pml-rank tune CONFIG [--methods A,B] [--trials N] [--storage URL] [--jobs K] [--out DIR]
 pml-rank compare CONFIG --tuned DIR [--seeds S] [--allow-budget-change]   # the tuned methods on
     fresh seeds
+pml-rank study CONFIG [--splits K] [--seeds S] [--trials N] [--methods A,B] [--reference NAME]
+    [--jobs K] [--resume] [--no-pictures] [--out DIR]   # tune every method with the same budget,
+    retrain the tuned settings on K class-disjoint splits x S seeds -> study.md: per-split and
+    pooled verdicts
 pml-rank list [SUBSTRING] [--kind KIND]   # names the registry resolves, grouped by kind (losses,
     miners, samplers, trainers, datasets, models, optimizers, other), and what they resolve to;
     --kind configs: the shipped configs
 Every command that reads configs or run folders takes --data-root DIR (default $PML_RANK_DATA;
 for eval and embed the run's saved data_root), --device (cpu, cuda, cuda:N, mps) and
---allow-module MODULE; train/compare/sweep/check/tune take --set.
+--allow-module MODULE; train/compare/sweep/check/tune/study take --set.
 torchrun --nproc_per_node=R -m pml_rank_plugins train|compare ...   # R processes, one
     global batch (trainer.batch_size) split over them; see the "Scaling" page of the docs
 

@@ -5,7 +5,10 @@
 # decided claims (batch_size, rll_margin_tn) on split 1. Every step is resumable: rerun the same
 # command after an interruption (`compare --resume` reuses finished runs and continues
 # interrupted ones); each finished step's small outputs (json, md, csv, png; never checkpoints)
-# are copied to docs/study/splits/<step>/. Run from the repository root:
+# are copied to docs/study/splits/<step>/. This is the published study's record (docs/results.md
+# names this command); for any other config, `pml-rank study CONFIG --splits K --seeds S` runs
+# the tuning, the splits and the pooled report in one resumable command. Run from the
+# repository root:
 #   scripts/run_splits.sh                 # every step, in order
 #   scripts/run_splits.sh seed2 claims1   # chosen steps: seed1 | seed2 | seed3 |
 #                                         #   claims1 (batch_size + rll_margin_tn on split 1)

@@ -2,7 +2,9 @@
 # The fair comparison on Omniglot (issue 27; configs/studies/omniglot.yaml), phase by phase.
 # Every phase is resumable: rerun the same command after an interruption (a killed `tune`
 # continues its studies, marking the interrupted trial failed; `compare --resume` reuses
-# finished runs and continues interrupted ones). Run from the repository root:
+# finished runs and continues interrupted ones). The published study's record; for any other
+# config `pml-rank study CONFIG` runs tune, the tuned settings on several class splits and the
+# pooled report in one resumable command. Run from the repository root:
 #   scripts/run_study.sh                    # every phase, in order
 #   scripts/run_study.sh probe              # one phase: probe | tune | tuned | defaults | claims
 #                                           #   | publish

@@ -41,7 +41,17 @@ def _options(parser: argparse.ArgumentParser) -> list[tuple]:
 
 def test_the_parser_has_one_subcommand_per_row_of_the_table_in_its_order():
     assert list(_subparsers(build_parser())) == list(COMMANDS)
-    assert list(COMMANDS) == ["train", "eval", "embed", "compare", "tune", "check", "sweep", "list"]
+    assert list(COMMANDS) == [
+        "train",
+        "eval",
+        "embed",
+        "compare",
+        "tune",
+        "check",
+        "sweep",
+        "study",
+        "list",
+    ]
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))

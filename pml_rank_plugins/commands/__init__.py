@@ -11,6 +11,7 @@ compare   :class:`.compare.Compare`   methods x seeds -> table, tests, plots
 tune      :class:`.tune.Tune`         tune each method's search space (Optuna)
 check     :class:`.check.Check`       build every object of every method, no training
 sweep     :class:`.sweep.Sweep`       one method over a grid of overrides x seeds
+study     :class:`.study.Study`       tune, then K splits x S seeds -> pooled verdict
 list      :class:`.listing.ListNames` the names the registry resolves, by kind
 ========  ==========================  =============================================
 
@@ -29,6 +30,7 @@ from .compare import Compare
 from .embed import Embed
 from .evaluate import Eval
 from .listing import ListNames
+from .study import Study
 from .sweep import Sweep
 from .train import Train
 from .tune import Tune
@@ -38,5 +40,5 @@ __all__ = ["COMMANDS", "BadArgument", "BadConfig", "Command", "check_device"]
 # name -> command class, in the order `pml-rank --help` lists them.
 COMMANDS: dict[str, type[Command]] = {
     command.name: command
-    for command in (Train, Eval, Embed, Compare, Tune, Check, Sweep, ListNames)
+    for command in (Train, Eval, Embed, Compare, Tune, Check, Sweep, Study, ListNames)
 }

@@ -7,12 +7,13 @@ A command's ``add_arguments`` calls the groups it takes; the table below says wh
 group                      commands
 =========================  =================================================================
 :func:`add_common`         ``--set``, ``--device``, ``--data-root``, ``--allow-module``:
-                           train, compare, tune, check, sweep
+                           train, compare, tune, check, sweep, study
 :func:`add_device`         eval, embed (with :func:`add_data_root`)
 :func:`add_data_root`      ``--data-root``, ``--allow-module``: eval, embed
-:func:`add_methods`        ``--methods A,B``: compare, tune, check
-:func:`add_resume`         ``--resume`` and ``--overwrite``: train, compare, sweep
-:func:`add_stats`          ``--reference`` and ``--jobs``: compare, sweep
+:func:`add_methods`        ``--methods A,B``: compare, tune, check, study
+:func:`add_resume`         ``--resume`` and ``--overwrite``: train, compare, sweep; study
+                           (``--resume`` only)
+:func:`add_stats`          ``--reference`` and ``--jobs``: compare, sweep, study
 :func:`add_which`          ``--which best|latest``: eval, embed
 =========================  =================================================================
 """
@@ -108,9 +109,12 @@ def add_methods(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_resume(parser: argparse.ArgumentParser, resume_help: str) -> None:
-    """``--resume`` (what it continues differs by command: ``resume_help``) and ``--overwrite``."""
+def add_resume(parser: argparse.ArgumentParser, resume_help: str, overwrite: bool = True) -> None:
+    """``--resume`` (what it continues differs by command: ``resume_help``) and, with
+    ``overwrite``, ``--overwrite`` (``study`` has none: its tuning storage is never replaced)."""
     parser.add_argument("--resume", action="store_true", help=resume_help)
+    if not overwrite:
+        return
     parser.add_argument(
         "--overwrite",
         action="store_true",
