@@ -243,7 +243,15 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
             values = checks_values(backend, self.check_values)
             with autocast_off(device.type), one_torch_thread(device, glue):
                 terms = sync_free_loss_terms(
-                    self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index, values
+                    self,
+                    embeddings,
+                    labels,
+                    indices_tuple,
+                    ref_emb,
+                    ref_labels,
+                    self_index,
+                    values,
+                    backend=backend,
                 )
                 return self._loss_dict(terms, False)
         with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):

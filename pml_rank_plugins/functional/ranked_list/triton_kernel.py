@@ -1,0 +1,495 @@
+"""A fused Triton kernel for the Ranked List Loss (Wang et al., CVPR 2019; the ``triton``
+backend of :class:`~pml_rank_plugins.losses.RankedListLoss`).
+
+The same loss and gradients as :func:`~pml_rank_plugins.functional.ranked_list.gpu.
+gpu_ranked_list_terms` (eqs. 8-14 with constant pair weights: each query's loss is linear in
+its mined distances) for ``d_ij = sqrt(max(0, (|q_i|^2 - 2 q_i.r_j) + |r_j|^2))``, with no
+``N x M`` buffer (FlashAttention-style: tiles of ``S = Q R^T`` are recomputed, never stored):
+
+* Forward (:func:`~.triton_jit.stats_kernel`): a program owns ``block_n`` query rows and a
+  contiguous range (a *split*) of reference columns; per ``(block_n, block_m)`` tile it computes
+  ``S`` with ``tl.dot``, the distances, the candidates (labels, each row's own column or the
+  diagonal ignored, or a miner's dense int8 categories) and RLL's non-trivial pairs
+  (``d > alpha - m``, ``d < alpha``), and accumulates per row ``Z+ = sum w+``, ``S+ = sum w+ d``,
+  ``Z-``, ``S-`` and the mined counts. The ``Tn`` weights ``exp(Tn (min - d))`` (eq. 9) need the
+  row minimum over the mined negatives: an online softmax keeps the running minimum and rescales
+  the sums when it drops (``exp(Tn (new - old))``), as FlashAttention does with its running
+  maximum; likewise ``Tp`` (running maximum) and a miner's weights (running maximum weight, the
+  reference scales each row's largest to 1). With a miner's weights under
+  ``query_weighting="weight_share"`` the ``Tn`` minimum and sum are tracked as well (``W_i``
+  always uses ``Tn``). Each split writes its own ``(10, N)`` statistics
+  (:data:`~.triton_jit.NUM_STATS`); :func:`merge_splits` joins them in torch in a fixed order
+  (rescaled to the common extreme): no atomics, deterministic. Then
+  ``L_P = S+/Z+ - (alpha - m)``, ``L_N = alpha - S-/Z-`` (eqs. 11, 12), ``L = lam_pos L_P +
+  lam L_N``; under ``"weight_share"`` ``log W_i = Tp (max - (alpha - m)) + log Z+`` joined with
+  ``Tn (alpha - min) + log Z-`` (float64 log-add-exp: no overflow) gives the constant ``N c_i``.
+* Backward (:func:`~.triton_jit.grad_queries_kernel`, :func:`~.triton_jit.grad_refs_kernel`):
+  with ``g`` the upstream gradient, ``C_ij = g_i (lam_pos w+_ij / Z+_i - lam w-_ij / Z-_i) /
+  d_ij`` (0 at ``d = 0``) is recomputed per tile from four ``(N,)`` rows (the two scaled
+  inverses and the forward's extremes), and ``grad_Q = Q * rowsum(C) - C R`` by programs over
+  (query rows, embedding columns, column split), ``grad_R = R * colsum(C) - C^T Q`` (only when
+  the references need gradient) by programs over (reference rows, embedding columns, row split);
+  each writes only its own rows, splits summed by ``torch.sum``: deterministic, no atomics.
+
+Cost: forward one ``N M d`` product plus ``O(N M)`` elementwise work in registers; backward one
+recomputation and one product per gradient (two for ``grad_Q`` only, the default
+``gallery_gradient=False``; four with reference gradient): three ``N M d`` products in all, the
+floor's count. Extra memory ``O(splits N + splits (N + M) d)`` floats, independent of ``N M``
+(a miner's pairs come as ``N M`` int8 categories, and its weights as an ``(N, M)`` float32
+matrix: the only ``N x M`` inputs). float32 (half inputs upcast, gradients returned in their
+dtype); float64 is refused with a ``TypeError`` (use the ``cpu`` or ``gpu`` backend).
+
+Precision: ``tl.dot`` with ``input_precision="tf32x3"`` (float32 accuracy on tensor cores), as
+the histogram kernel (:mod:`pml_rank_plugins.functional.histogram.triton_kernel`). Under the
+interpreter the products are numpy float32 ones.
+
+Compile-ready: the kernel is two ``torch.library`` custom operators, ``pml_rank::ranked_list``
+(forward; autograd registered, backward calls the second) and ``pml_rank::ranked_list_grad``,
+each with a fake (meta) implementation, so ``torch.compile(fullgraph=True)`` traces through
+them (custom operators are opaque to Inductor: it does not fuse into the kernels, and needs
+not; ``triton_op`` would also let Inductor see the kernels, but ``wrap_triton`` does not run
+under Triton's interpreter, which the CPU tests need).
+
+Triton is optional: without it this module imports, and :func:`triton_ranked_list_terms`
+raises ``RuntimeError``. On CPU the kernels run only in Triton's interpreter:
+``TRITON_INTERPRET=1`` must be set before :mod:`.triton_jit` is first imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Optional, Union
+
+import torch
+
+from ..sync_free_inputs import autocast_off
+from . import triton_jit
+from .gpu_steps import DensePairs, DenseWeights, LabelPairs, inverse_or_zero, query_scales
+from .params import check_embedding_pair, check_loss_finite, check_loss_range, checked_params
+from .reference import RankedListTerms
+from .triton_jit import NUM_STATS, triton
+
+_NAMESPACE = "pml_rank"
+_MULTIPROCESSORS: dict[int, int] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+    """Launch parameters: ``block_n`` query rows x ``block_m`` reference columns per tile (both
+    >= 16 for ``tl.dot``, powers of two), ``block_k`` embedding columns per ``tl.dot`` step,
+    ``block_d`` (at most) gradient columns per backward program; the forward's column splits,
+    ``grad_Q``'s column splits and ``grad_R``'s row splits are chosen to launch about
+    ``target_programs`` programs (``None``: ``programs_per_sm`` x the GPU's multiprocessor
+    count; 1 on CPU); ``precision``: ``tl.dot``'s ``input_precision``. Untuned on a GPU: the
+    histogram kernel's defaults. The interpreter ignores ``precision``, ``num_warps`` and
+    ``num_stages``."""
+
+    block_n: int = 64
+    block_m: int = 64
+    block_k: int = 32
+    block_d: int = 128
+    num_warps: int = 4
+    num_stages: int = 2
+    programs_per_sm: int = 4
+    target_programs: Optional[int] = None
+    precision: str = "tf32x3"
+
+    def as_list(self) -> list[int]:
+        """The integer fields, as the custom operators take them (``target_programs`` 0 for
+        ``None``)."""
+        return [self.block_n, self.block_m, self.block_k, self.block_d, self.num_warps,
+                self.num_stages, self.programs_per_sm, self.target_programs or 0]  # fmt: skip
+
+
+DEFAULT_TILES = Tiles()
+_PRECISIONS = ("tf32x3", "ieee", "tf32")
+
+
+def interpreted() -> bool:
+    """Whether the kernels were defined in Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return triton is not None and type(triton_jit.stats_kernel).__name__ == "InterpretedFunction"
+
+
+def triton_available_for(device: Union[torch.device, str]) -> bool:
+    """Whether the kernel can run on ``device``: triton imports and the device is CUDA, or the
+    kernels run in the interpreter (then CPU tensors). O(1)."""
+    if triton is None:
+        return False
+    kind = torch.device(device).type
+    return kind == "cpu" if interpreted() else kind == "cuda"
+
+
+def _target_programs(device: torch.device, per_sm: int, target: int) -> int:
+    if target > 0:
+        return target
+    if device.type != "cuda":
+        return 1
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _MULTIPROCESSORS:
+        _MULTIPROCESSORS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return per_sm * _MULTIPROCESSORS[index]
+
+
+def _split(length: int, block: int, other_programs: int, target: int) -> tuple[int, int]:
+    """``(splits, elements per split)``: ``length`` in whole ``block`` tiles, cut so that
+    ``other_programs * splits`` is about ``target``."""
+    tiles = triton.cdiv(length, block)
+    wanted = min(tiles, max(1, triton.cdiv(target, other_programs)))
+    per_split = triton.cdiv(tiles, wanted) * block
+    return triton.cdiv(length, per_split), per_split
+
+
+class _Launch:
+    """The arguments every kernel shares (pointers, sizes, strides, parameters, flags)."""
+
+    def __init__(self, queries, refs, labels, ref_labels, self_columns, categories, weights,
+                 diagonal, alpha, margin, Tn, Tp, tiles):  # fmt: skip
+        dense, given = categories is not None, weights is not None
+        dummy = queries  # unused pointers are never read (their branch is compiled out)
+        q_sq, r_sq = (queries * queries).sum(1), (refs * refs).sum(1)
+        cat = categories if dense else dummy
+        wgt = weights if given else dummy
+        self.pointers = (queries, refs, q_sq, r_sq, dummy if dense else labels,
+                         dummy if dense else ref_labels,
+                         self_columns if (self_columns is not None and not dense) else dummy,
+                         cat, wgt)  # fmt: skip
+        self.sizes = (len(queries), len(refs), queries.shape[1])
+        self.strides = (*queries.stride(), *refs.stride(), *(cat.stride() if dense else (0, 0)),
+                        *(wgt.stride() if given else (0, 0)))  # fmt: skip
+        # A temperature above float32's range becomes inf (the kernel's exp(T 0) stays 1).
+        big = torch.finfo(torch.float32).max
+        self.params = (alpha, alpha - margin, min(Tn, float("inf")) if Tn <= big else float("inf"),
+                       Tp if Tp <= big else float("inf"))  # fmt: skip
+        block_n, block_m, block_k, block_d, warps, stages, per_sm, target = tiles
+        self.blocks = (block_n, block_m, block_d)
+        d = self.sizes[2]
+        self.flags = dict(
+            BLOCK_N=block_n, BLOCK_M=block_m,
+            BLOCK_K=max(16, min(block_k, triton.next_power_of_2(max(d, 1)))),
+            DENSE=dense, HAS_SELF=self_columns is not None and not dense,
+            DIAGONAL=bool(diagonal) and not dense, GIVEN=given, POS_T0=Tp == 0.0,
+            NEG_T0=Tn == 0.0,
+        )  # fmt: skip
+        self.options = dict(num_warps=warps, num_stages=stages)
+        self.target = _target_programs(queries.device, per_sm, target)
+
+    def run(self, kernel, grid, tensors, split, precision, **flags):
+        device = self.pointers[0].device
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            kernel[grid](*self.pointers, *tensors, *self.sizes, *self.strides, *self.params,
+                         split, **self.flags, **flags, PRECISION=precision,
+                         **self.options)  # fmt: skip
+
+
+def merge_splits(parts: torch.Tensor, Tn: float, Tp: float, given: bool) -> torch.Tensor:
+    """``(10, N)`` row statistics from the splits' ``(splits, 10, N)``: counts summed and, for
+    each online softmax, the sums rescaled to the common extreme (``exp(T (ext_s - ext))``, or
+    ``max_s / max`` for a miner's weights; a split with nothing mined adds 0). A fixed-order
+    ``torch.sum``: deterministic. O(splits N)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = parts.sum(0)  # the counts, and the sums of a zero temperature, as they are
+
+    def join(ext_row: int, sum_rows: tuple, ext: torch.Tensor, factor: torch.Tensor) -> None:
+        # A split with nothing mined has an infinite extreme (factor NaN or inf): it adds 0.
+        factor = torch.where(parts[:, sum_rows[0]] > 0, factor, 0.0)
+        for row in sum_rows:
+            out[row] = (parts[:, row] * factor).sum(0)
+        out[ext_row] = ext
+
+    if Tp != 0.0:
+        ext = parts[:, 0].amax(0)
+        join(0, (1, 2), ext, _scaled_exp(parts[:, 0] - ext, Tp))
+    if given:
+        ext = parts[:, 4].amax(0)
+        join(4, (5, 6), ext, parts[:, 4] / torch.where(ext > 0, ext, 1.0))
+        if Tn != 0.0:
+            ext = parts[:, 8].amin(0)
+            join(8, (9,), ext, _scaled_exp(ext - parts[:, 8], Tn))
+    elif Tn != 0.0:
+        ext = parts[:, 4].amin(0)
+        join(4, (5, 6), ext, _scaled_exp(ext - parts[:, 4], Tn))
+    return out
+
+
+def _scaled_exp(x: torch.Tensor, T: float) -> torch.Tensor:
+    """``exp(T x)`` with ``exp(T 0) = 1`` for any ``T`` (as :func:`.triton_jit._scaled_exp`)."""
+    return torch.where(x == 0, 1.0, torch.exp(x * T))
+
+
+def _row_statistics(launch: _Launch, track_tn: bool, precision: str) -> torch.Tensor:
+    n, m, _ = launch.sizes
+    block_n, block_m, _ = launch.blocks
+    row_blocks = triton.cdiv(n, block_n)
+    splits, split_cols = _split(m, block_m, row_blocks, launch.target)
+    parts = launch.pointers[0].new_empty(splits, NUM_STATS, n)
+    launch.run(triton_jit.stats_kernel, (row_blocks, splits), (parts,), split_cols, precision,
+               TRACK_TN=track_tn)  # fmt: skip
+    _, _, Tn, Tp = launch.params
+    return merge_splits(parts, Tn, Tp, launch.flags["GIVEN"])
+
+
+def _losses(stats: torch.Tensor, alpha: float, margin: float, lam: float, lam_pos: float):
+    """``(loss, pos_loss, neg_loss, inv_zp, inv_zn)`` from merged statistics (eqs. 11-13)."""
+    inv_zp, inv_zn = inverse_or_zero(stats[1]), inverse_or_zero(stats[5])
+    pos_loss = (stats[2] * inv_zp - (alpha - margin)).clamp_min_(0.0).mul_(stats[1] > 0)
+    neg_loss = (alpha - stats[6] * inv_zn).mul_(stats[5] > 0).clamp_min_(0.0)
+    return pos_loss * lam_pos + neg_loss * lam, pos_loss, neg_loss, inv_zp, inv_zn
+
+
+def _gradient(launch: _Launch, coef: torch.Tensor, of_queries: bool, precision: str):
+    """``Q rowsum(C) - C R`` (``of_queries``) or ``R colsum(C) - C^T Q``, split and summed."""
+    n, m, d = launch.sizes
+    block_n, block_m, block_d = launch.blocks
+    block_d = max(16, min(block_d, triton.next_power_of_2(max(d, 1))))
+    owned, looped = (n, m) if of_queries else (m, n)
+    owned_block, looped_block = (block_n, block_m) if of_queries else (block_m, block_n)
+    programs = triton.cdiv(owned, owned_block) * triton.cdiv(d, block_d)
+    splits, per_split = _split(looped, looped_block, programs, launch.target)
+    out = coef.new_empty(splits, owned, d)
+    kernel = triton_jit.grad_queries_kernel if of_queries else triton_jit.grad_refs_kernel
+    grid = (triton.cdiv(owned, owned_block), triton.cdiv(d, block_d), splits)
+    launch.run(kernel, grid, (coef, out), per_split, precision, BLOCK_D=block_d)
+    return out[0] if splits == 1 else out.sum(0)
+
+
+# ---- The custom operators (torch.compile traces them through their fake implementations). ----
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::ranked_list", mutates_args=())
+def ranked_list_op(
+    queries: torch.Tensor,
+    refs: torch.Tensor,
+    labels: Optional[torch.Tensor],
+    ref_labels: Optional[torch.Tensor],
+    self_columns: Optional[torch.Tensor],
+    categories: Optional[torch.Tensor],
+    weights: Optional[torch.Tensor],
+    diagonal: bool,
+    alpha: float,
+    margin: float,
+    Tn: float,
+    Tp: float,
+    lam: float,
+    lam_pos: float,
+    share: bool,
+    tiles: list[int],
+    precision: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, pos_loss, neg_loss, num_pos, num_neg, stats)`` per query (``stats``: the merged
+    ``(10, N)`` row statistics). Inputs as :func:`triton_ranked_list_terms` passes them (checked
+    there): float32 ``(N, d)`` / ``(M, d)``, int64 labels, int8 categories, float32 weights."""
+    n = len(queries)
+    if n == 0 or len(refs) == 0:
+        stats = queries.new_zeros(NUM_STATS, n)
+    else:
+        launch = _Launch(queries, refs, labels, ref_labels, self_columns, categories, weights,
+                         diagonal, alpha, margin, Tn, Tp, tiles)  # fmt: skip
+        stats = _row_statistics(launch, share and weights is not None and Tn != 0.0, precision)
+    loss, pos_loss, neg_loss, _, _ = _losses(stats, alpha, margin, lam, lam_pos)
+    return loss, pos_loss, neg_loss, stats[3].long(), stats[7].long(), stats.clone()
+
+
+@ranked_list_op.register_fake
+def _ranked_list_fake(queries, refs, *args):
+    n = queries.shape[0]
+    rows = [queries.new_empty(n) for _ in range(3)]
+    counts = [queries.new_empty(n, dtype=torch.int64) for _ in range(2)]
+    return (*rows, *counts, queries.new_empty(NUM_STATS, n))
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::ranked_list_grad", mutates_args=())
+def ranked_list_grad_op(
+    queries: torch.Tensor,
+    refs: torch.Tensor,
+    labels: Optional[torch.Tensor],
+    ref_labels: Optional[torch.Tensor],
+    self_columns: Optional[torch.Tensor],
+    categories: Optional[torch.Tensor],
+    weights: Optional[torch.Tensor],
+    coef: torch.Tensor,
+    diagonal: bool,
+    alpha: float,
+    margin: float,
+    Tn: float,
+    Tp: float,
+    of_queries: bool,
+    tiles: list[int],
+    precision: str,
+) -> torch.Tensor:
+    """The gradient w.r.t. ``queries`` (``of_queries``) or ``refs`` of ``sum_i g_i L_i``, from
+    ``coef`` ``(4, N)``: ``g lam_pos / Z+``, ``g lam / Z-`` and the forward's two extremes."""
+    if min(len(queries), len(refs), queries.shape[1]) == 0:
+        return torch.zeros_like(queries if of_queries else refs)
+    launch = _Launch(queries, refs, labels, ref_labels, self_columns, categories, weights,
+                     diagonal, alpha, margin, Tn, Tp, tiles)  # fmt: skip
+    return _gradient(launch, coef.contiguous(), of_queries, precision)
+
+
+@ranked_list_grad_op.register_fake
+def _ranked_list_grad_fake(queries, refs, *args):
+    of_queries = args[11]
+    return torch.empty_like(queries if of_queries else refs)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    queries, refs, labels, ref_labels, self_columns, categories, weights = inputs[:7]
+    ctx.save_for_backward(queries, refs, labels, ref_labels, self_columns, categories, weights,
+                          output[5])  # fmt: skip
+    diagonal, alpha, margin, Tn, Tp, lam, lam_pos, _, tiles, precision = inputs[7:]
+    ctx.setup = (diagonal, alpha, margin, Tn, Tp, lam, lam_pos, tiles, precision)
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _backward(ctx, grad_loss, *_):
+    *tensors, stats = ctx.saved_tensors
+    diagonal, alpha, margin, Tn, Tp, lam, lam_pos, tiles, precision = ctx.setup
+    # The per-query loss is linear in its mined distances (constant weights, eqs. 11-12).
+    coef = torch.stack([grad_loss * inverse_or_zero(stats[1]) * lam_pos,
+                        grad_loss * inverse_or_zero(stats[5]) * lam, stats[0], stats[4]])  # fmt: skip
+    grads = [
+        ranked_list_grad_op(*tensors, coef, diagonal, alpha, margin, Tn, Tp, of_queries, tiles,
+                            precision) if ctx.needs_input_grad[index] else None
+        for index, of_queries in ((0, True), (1, False))
+    ]  # fmt: skip
+    return (*grads, *([None] * 15))
+
+
+ranked_list_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def log_weight_sums_from_stats(stats: torch.Tensor, params, given: bool) -> torch.Tensor:
+    """``log W_i`` (float64) from the row statistics: ``W+ = exp(Tp (max - (alpha - m))) Z+``
+    and ``W- = exp(Tn (alpha - min)) Z-`` (the ``Tn`` sums also with a miner's weights), joined
+    by a log-add-exp (the values of ``query_weighting.log_weight_sums``); ``-inf`` where nothing
+    is mined. O(N)."""
+    stats = stats.double()
+
+    def log_sum(ext, z, offset):
+        value = z.log() if offset is None else z.log() + offset(ext)
+        return torch.where(z > 0, value, float("-inf"))
+
+    thr = params.alpha - params.margin
+    pos = log_sum(stats[0], stats[1], None if params.Tp == 0.0 else lambda e: (e - thr) * params.Tp)
+    tn = None if params.Tn == 0.0 else lambda e: (params.alpha - e) * params.Tn
+    if not given:
+        neg = log_sum(stats[4], stats[5], tn)
+    else:
+        neg = log_sum(stats[8], stats[9] if tn is not None else stats[7], tn)
+    return torch.logaddexp(pos, neg)
+
+
+def _pair_tensors(pairs, n: int, m: int, device: torch.device):
+    """``(labels, ref_labels, self_columns, categories, diagonal)`` of a pair source."""
+    if isinstance(pairs, DensePairs):
+        cats = pairs.categories
+        if cats.dtype != torch.int8 or tuple(cats.shape) != (n, m) or cats.device != device:
+            raise ValueError(
+                f"DensePairs.categories must be ({n}, {m}) int8 on {device}, got "
+                f"{tuple(cats.shape)} {cats.dtype} on {cats.device}"
+            )
+        return None, None, None, cats.contiguous(), False
+    if not isinstance(pairs, LabelPairs):
+        raise TypeError(f"pairs must be a LabelPairs or DensePairs, got {type(pairs).__name__}")
+    labels, ref_labels = pairs.labels.reshape(-1), pairs.ref_labels.reshape(-1)
+    if len(labels) != n or len(ref_labels) != m:
+        raise ValueError(f"labels for ({n}, {m}) pairs, got {len(labels)}, {len(ref_labels)}")
+    own = None if pairs.self_columns is None else pairs.self_columns.reshape(-1).contiguous()
+    return labels.contiguous(), ref_labels.contiguous(), own, None, bool(pairs.diagonal)
+
+
+def _checked_embeddings(queries: torch.Tensor, refs: torch.Tensor):
+    check_embedding_pair(queries, refs)
+    if queries.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"the embeddings are {queries.dtype}; the triton Ranked List kernel computes in "
+            "float32 and takes float32, float16 or bfloat16 (use the cpu or gpu backend for "
+            "float64)"
+        )
+    if queries.device != refs.device:
+        raise ValueError(f"queries are on {queries.device}, refs on {refs.device}")
+    if triton is None:
+        raise RuntimeError(
+            "the triton Ranked List kernel needs the triton package, which cannot be imported"
+        )
+    if not triton_available_for(queries.device):
+        raise RuntimeError(
+            "the triton Ranked List kernel runs on CUDA tensors (or on CPU tensors in Triton's "
+            "interpreter: TRITON_INTERPRET=1 set before this module is imported); got "
+            f"{queries.device}" + (" with the interpreter on" if interpreted() else "")
+        )
+    # Upcasting is differentiable: half inputs get their gradients back in their own dtype.
+    if refs is queries:
+        queries = refs = queries.float()
+    return queries.float(), refs.float()
+
+
+def triton_ranked_list_terms(
+    queries: torch.Tensor,
+    refs: torch.Tensor,
+    pairs: Union[LabelPairs, DensePairs],
+    alpha: float = 1.2,
+    margin: float = 0.4,
+    Tn: float = 10.0,
+    Tp: float = 0.0,
+    lam: float = 1.0,
+    neg_weights: Optional[DenseWeights] = None,
+    lam_pos: float = 1.0,
+    query_weighting: str = "mean",
+    check_values: bool = False,
+    tiles: Tiles = DEFAULT_TILES,
+) -> RankedListTerms:
+    """Per-query Ranked List Loss of ``queries`` against ``refs`` (Euclidean) by the fused kernel.
+
+    Args and returns as :func:`~pml_rank_plugins.functional.ranked_list.gpu.
+    gpu_ranked_list_terms` (the same values and gradients to float32 rounding), except:
+    ``queries`` / ``refs`` float32, float16 or bfloat16 (computed in float32; float64 is a
+    ``TypeError``); no ``chunk_size`` (the kernel tiles internally: ``tiles``, a :class:`Tiles`).
+    ``refs`` may be ``queries`` (gradient through both ends of every pair) or
+    ``queries.detach()`` (the query side only: one gradient kernel fewer). ``pairs``: a
+    :class:`~.gpu_steps.LabelPairs` (labels, each query's own column or the diagonal ignored) or a
+    :class:`~.gpu_steps.DensePairs` (a miner's ``(N, M)`` int8 categories); ``neg_weights``: a
+    :class:`~.gpu_steps.DenseWeights`, written once into an ``(N, M)`` float32 matrix.
+
+    Reads no tensor value on the host unless ``check_values`` (a finite loss). Raises
+    ``RuntimeError`` where triton cannot run on the device (:func:`triton_available_for`),
+    ``TypeError`` / ``ValueError`` for malformed inputs. Time three ``N M d`` products (module
+    docstring); memory ``O(splits (N + M) d)``.
+    """
+    params = checked_params(alpha, margin, Tn, Tp, lam, lam_pos, query_weighting=query_weighting)
+    queries, refs = _checked_embeddings(queries, refs)
+    check_loss_range(torch.float32, alpha, lam, lam_pos)
+    if tiles.precision not in _PRECISIONS:
+        raise ValueError(f"tiles.precision must be one of {_PRECISIONS}, got {tiles.precision!r}")
+    n, m = len(queries), len(refs)
+    labels, ref_labels, own, categories, diagonal = _pair_tensors(pairs, n, m, queries.device)
+    weights = None
+    if neg_weights is not None:
+        weights = neg_weights.rows(0, n, m, torch.float32)
+    with autocast_off(queries.device.type):
+        loss, pos_loss, neg_loss, num_pos, num_neg, stats = ranked_list_op(
+            queries, refs, labels, ref_labels, own, categories, weights, diagonal, params.alpha,
+            params.margin, params.Tn, params.Tp, params.lam, params.lam_pos, params.share,
+            tiles.as_list(), tiles.precision,
+        )  # fmt: skip
+        if params.share:
+            # A constant per query: autograd scales the upstream gradient g_i by it.
+            scale = query_scales(log_weight_sums_from_stats(stats, params, weights is not None))
+            loss = loss * scale.to(loss.dtype)
+        if check_values:
+            check_loss_finite(loss.detach(), params.alpha, params.lam)
+    return RankedListTerms(loss, pos_loss, neg_loss, num_pos, num_neg)
+
+
+__all__ = [
+    "DEFAULT_TILES",
+    "Tiles",
+    "interpreted",
+    "log_weight_sums_from_stats",
+    "merge_splits",
+    "ranked_list_grad_op",
+    "ranked_list_op",
+    "triton_available_for",
+    "triton_ranked_list_terms",
+]
