@@ -31,7 +31,8 @@ if triton is not None:
     def _scaled_exp(x, T):
         """``exp(T x)`` with ``exp(T 0) = 1`` also when ``T`` is ``inf`` (a temperature above
         float32's range: the hardest-pair limit, as ``reference.scaled_exp_``)."""
-        return tl.where(x == 0.0, 1.0, tl.exp(x * T))
+        zero = x == 0.0
+        return tl.where(zero, 1.0, tl.exp(tl.where(zero, -1.0, x) * T))
 
     @triton.jit
     def _masked_exp(mask, x, T):

@@ -157,6 +157,20 @@ def _pair_tensors(pairs, n: int, m: int, device: torch.device):
     return labels.contiguous(), ref_labels.contiguous(), own, None, bool(pairs.diagonal)
 
 
+def _check_runnable(device: torch.device) -> None:
+    """``RuntimeError`` unless the kernels can run on ``device`` (:func:`triton_available_for`)."""
+    if triton is None:
+        raise RuntimeError(
+            "the triton Ranked List kernel needs the triton package, which cannot be imported"
+        )
+    if not triton_available_for(device):
+        raise RuntimeError(
+            "the triton Ranked List kernel runs on CUDA tensors (or on CPU tensors in Triton's "
+            "interpreter: TRITON_INTERPRET=1 set before this module is imported); got "
+            f"{device}" + (" with the interpreter on" if interpreted() else "")
+        )
+
+
 def _checked_embeddings(queries: torch.Tensor, refs: torch.Tensor):
     check_embedding_pair(queries, refs)
     if queries.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -167,19 +181,7 @@ def _checked_embeddings(queries: torch.Tensor, refs: torch.Tensor):
         )
     if queries.device != refs.device:
         raise ValueError(f"queries are on {queries.device}, refs on {refs.device}")
-    if triton is None:
-        raise RuntimeError(
-            "the triton Ranked List kernel needs the triton package, which cannot be imported"
-        )
-    if not triton_available_for(queries.device):
-        raise RuntimeError(
-            "the triton Ranked List kernel runs on CUDA tensors (or on CPU tensors in Triton's "
-            "interpreter: TRITON_INTERPRET=1 set before this module is imported); got "
-            f"{queries.device}" + (" with the interpreter on" if interpreted() else "")
-        )
     # Upcasting is differentiable: half inputs get their gradients back in their own dtype.
-    if refs is queries:
-        queries = refs = queries.float()
     return queries.float(), refs.float()
 
 
@@ -222,6 +224,7 @@ def triton_ranked_list_terms(
         raise ValueError(f"tiles.precision must be one of {_PRECISIONS}, got {tiles.precision!r}")
     n, m = len(queries), len(refs)
     labels, ref_labels, own, categories, diagonal = _pair_tensors(pairs, n, m, queries.device)
+    _check_runnable(queries.device)  # after every input check: those name the argument
     weights = None
     if neg_weights is not None:
         weights = neg_weights.rows(0, n, m, torch.float32)
