@@ -255,8 +255,9 @@ def _backward(ctx, grad_loss, *_):
     *tensors, stats = ctx.saved_tensors
     diagonal, alpha, margin, Tn, Tp, lam, lam_pos, tiles, precision = ctx.setup
     # The per-query loss is linear in its mined distances (constant weights, eqs. 11-12).
-    coef = torch.stack([grad_loss * inverse_or_zero(stats[1]) * lam_pos,
-                        grad_loss * inverse_or_zero(stats[5]) * lam, stats[0], stats[4]])  # fmt: skip
+    pos_scale = grad_loss * inverse_or_zero(stats[1]) * lam_pos
+    neg_scale = grad_loss * inverse_or_zero(stats[5]) * lam
+    coef = torch.stack([pos_scale, neg_scale, stats[0], stats[4]])
     grads = [
         ranked_list_grad_op(*tensors, coef, diagonal, alpha, margin, Tn, Tp, of_queries, tiles,
                             precision) if ctx.needs_input_grad[index] else None

@@ -76,12 +76,14 @@ def _compare(name, q, r, pairs, tiles, *, same=False, ref_grad=False, given=None
         rr = qq if same else (r.clone().requires_grad_() if ref_grad else r)
         if kind == "cpu":
             weights = None if given is None else SparseWeights(*given)
-            terms = chunked_ranked_list_terms(qq, rr, _cpu_pairs(pairs), **params,
-                                              neg_weights=weights, chunk_size=7)  # fmt: skip
+            terms = chunked_ranked_list_terms(
+                qq, rr, _cpu_pairs(pairs), **params, neg_weights=weights, chunk_size=7
+            )
         else:
             weights = None if given is None else DenseWeights(*given)
-            terms = triton_kernel.triton_ranked_list_terms(qq, rr, pairs, **params,
-                                                           neg_weights=weights, tiles=tiles)  # fmt: skip
+            terms = triton_kernel.triton_ranked_list_terms(
+                qq, rr, pairs, **params, neg_weights=weights, tiles=tiles
+            )
         wrt = [qq] + ([rr] if ref_grad else [])
         grads = torch.autograd.grad((terms.loss * w).sum(), wrt)
         out[kind] = (terms, grads)
@@ -111,15 +113,46 @@ def _functional_cases():
     given = (neg[:, 0], neg[:, 1], torch.rand(len(neg), generator=gen))
     xs, ys = x[:30], y[:30]
     diag = LabelPairs(ys, ys, diagonal=True)
+    full = LabelPairs(y, y, diagonal=True)
+    share = dict(query_weighting="weight_share")
+    # name: (queries, refs, pairs, tiles, keywords of _compare)
+    table = {
+        "one_tile_Tn": (xs, xs.detach(), diag, ONE, {}),
+        "tiles_Tp_both_ends": (x, x, full, SMALL, dict(same=True, Tp=2.0)),
+        "memory_bank_self_index_ref_grad": (
+            q,
+            bank,
+            LabelPairs(ql, bl, own),
+            SMALL,
+            dict(ref_grad=True),
+        ),
+        "weight_share_Tp_tiles": (
+            x,
+            x.detach(),
+            full,
+            SMALL,
+            dict(Tp=3.0, lam=0.5, lam_pos=0.7, **share),
+        ),
+        "miner_pairs_weights_share": (
+            xs,
+            x,
+            DensePairs(cats),
+            SMALL,
+            dict(ref_grad=True, given=given, **share),
+        ),
+        "miner_weights_T0_share": (
+            xs,
+            x,
+            DensePairs(cats),
+            ONE,
+            dict(given=given, Tn=0.0, **share),
+        ),
+        "temperatures_zero": (xs, xs.detach(), diag, SMALL, dict(Tn=0.0, Tp=0.0)),
+        "temperature_beyond_float32": (xs, xs.detach(), diag, SMALL, dict(Tn=1e39, Tp=1e3)),
+    }
     return {
-        "one_tile_Tn": lambda: _compare("one_tile_Tn", xs, xs.detach(), diag, ONE),
-        "tiles_Tp_both_ends": lambda: _compare("tiles_Tp_both_ends", x, x, LabelPairs(y, y, diagonal=True), SMALL, same=True, Tp=2.0),  # fmt: skip
-        "memory_bank_self_index_ref_grad": lambda: _compare("memory_bank_self_index_ref_grad", q, bank, LabelPairs(ql, bl, own), SMALL, ref_grad=True),  # fmt: skip
-        "weight_share_Tp_tiles": lambda: _compare("weight_share_Tp_tiles", x, x.detach(), LabelPairs(y, y, diagonal=True), SMALL, Tp=3.0, query_weighting="weight_share", lam=0.5, lam_pos=0.7),  # fmt: skip
-        "miner_pairs_weights_share": lambda: _compare("miner_pairs_weights_share", xs, x, DensePairs(cats), SMALL, ref_grad=True, given=given, query_weighting="weight_share"),  # fmt: skip
-        "miner_weights_T0_share": lambda: _compare("miner_weights_T0_share", xs, x, DensePairs(cats), ONE, given=given, Tn=0.0, query_weighting="weight_share"),  # fmt: skip
-        "temperatures_zero": lambda: _compare("temperatures_zero", xs, xs.detach(), diag, SMALL, Tn=0.0, Tp=0.0),  # fmt: skip
-        "temperature_beyond_float32": lambda: _compare("temperature_beyond_float32", xs, xs.detach(), diag, SMALL, Tn=1e39, Tp=1e3),  # fmt: skip
+        name: (lambda name=name, args=args: _compare(name, *args[:4], **args[4]))
+        for name, args in table.items()
     }
 
 
