@@ -75,8 +75,8 @@ if triton is not None:
         rsq = tl.load(rsq_ptr + cols, mask=col_ok, other=0.0)
         dist = tl.sqrt(tl.maximum((qsq[:, None] - 2.0 * s) + rsq[None, :], 0.0))
         inside = row_ok[:, None] & col_ok[None, :]
-        if DENSE:
-            cat = tl.load(cat_ptr + rows[:, None] * scn + cols[None, :] * scm,
+        if DENSE:  # int64 row offsets: an (N, M) input may pass 2^31 elements
+            cat = tl.load(cat_ptr + rows[:, None].to(tl.int64) * scn + cols[None, :] * scm,
                           mask=inside, other=2)
             pos = cat == 0
             neg = cat == 1
@@ -160,7 +160,7 @@ if triton is not None:
             s_p += tl.sum(e * dist, axis=1)
             c_p += tl.sum(pos.to(tl.float32), axis=1)
             if GIVEN:
-                g = tl.load(wgt_ptr + rows[:, None] * swn + cols[None, :] * swm,
+                g = tl.load(wgt_ptr + rows[:, None].to(tl.int64) * swn + cols[None, :] * swm,
                             mask=row_ok[:, None] & col_ok[None, :], other=0.0)
                 ext_n, z_n, e, rescale = _online_given(ext_n, z_n, g, neg)
                 s_n = s_n * rescale
@@ -211,7 +211,7 @@ if triton is not None:
             w_p = _masked_exp(pos, dist - ext_p[:, None], Tp) * cp[:, None]
         if GIVEN:
             ext_n = tl.load(coef_ptr + 3 * n + rows, mask=row_ok, other=1.0)
-            g = tl.load(wgt_ptr + rows[:, None] * swn + cols[None, :] * swm,
+            g = tl.load(wgt_ptr + rows[:, None].to(tl.int64) * swn + cols[None, :] * swm,
                         mask=row_ok[:, None] & col_ok[None, :], other=0.0)
             scale = cn / tl.where(ext_n > 0.0, ext_n, 1.0)
             w_n = tl.where(neg, g * scale[:, None], 0.0)
