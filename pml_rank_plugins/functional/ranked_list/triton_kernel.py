@@ -47,8 +47,10 @@ Compile-ready: the kernel is two ``torch.library`` custom operators, ``pml_rank:
 (forward; autograd registered, backward calls the second) and ``pml_rank::ranked_list_grad``,
 each with a fake (meta) implementation, so ``torch.compile(fullgraph=True)`` traces through
 them (custom operators are opaque to Inductor: it does not fuse into the kernels, and needs
-not; ``triton_op`` would also let Inductor see the kernels, but ``wrap_triton`` does not run
-under Triton's interpreter, which the CPU tests need).
+not). ``torch.library.triton_op`` would let Inductor see the kernels, but a compile traces a
+``triton_op``'s body with fake tensors, which Triton's interpreter cannot launch on (triton 3.8,
+torch 2.14: a fullgraph ``aot_eager`` compile of a toy ``triton_op`` fails with "Cannot access
+data pointer of Tensor (e.g. FakeTensor ...)"), so the CPU tests could not compile it.
 
 Triton is optional: without it this module imports, and :func:`triton_ranked_list_terms`
 raises ``RuntimeError``. On CPU the kernels run only in Triton's interpreter:
