@@ -73,7 +73,10 @@ if triton is not None:
                     BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
         qsq = tl.load(qsq_ptr + rows, mask=row_ok, other=0.0)
         rsq = tl.load(rsq_ptr + cols, mask=col_ok, other=0.0)
-        dist = tl.sqrt(tl.maximum((qsq[:, None] - 2.0 * s) + rsq[None, :], 0.0))
+        # NaN propagates (as torch's clamp_min): a non-finite embedding makes the loss NaN, the
+        # signal the trainers' check reads, instead of vanishing into an unmined pair.
+        square = (qsq[:, None] - 2.0 * s) + rsq[None, :]
+        dist = tl.sqrt(tl.maximum(square, 0.0, propagate_nan=tl.PropagateNan.ALL))
         inside = row_ok[:, None] & col_ok[None, :]
         if DENSE:  # int64 row offsets: an (N, M) input may pass 2^31 elements
             cat = tl.load(cat_ptr + rows[:, None].to(tl.int64) * scn + cols[None, :] * scm,

@@ -223,6 +223,21 @@ def _half_inputs():
     return dict(case="float16_upcast", ok=ok, grad_error=grad_error)
 
 
+def _non_finite():
+    """A NaN or inf embedding makes the loss NaN on triton, as on gpu (the signal the trainers'
+    check reads; ``check_values=True`` names the cause, tested in-process), never a finite
+    loss with the bad row silently left unmined."""
+    gen = torch.Generator().manual_seed(7)
+    y = torch.arange(20) % 4
+    losses = []
+    for bad in (float("nan"), float("inf")):
+        x = torch.randn(20, 8, generator=gen)
+        x[3, 2] = bad
+        losses += [float(RankedListLoss(backend=b)(x, y)) for b in ("gpu", "triton")]
+    ok = all(value != value for value in losses)
+    return dict(case="non_finite_embedding_nan_loss", ok=ok, losses=losses)
+
+
 @contextlib.contextmanager
 def _cuda_like_glue():
     """``one_torch_thread`` as on CUDA, where it is a no-op: on CPU it reads
@@ -308,6 +323,7 @@ def cases():
         ),
         "deterministic": _deterministic,
         "float16_upcast": _half_inputs,
+        "non_finite_embedding_nan_loss": _non_finite,
         "compiled_fullgraph_aot_eager": _compiled,
         "opcheck": _opcheck,
         "graph_safe_triton": _graph_safe,
@@ -499,6 +515,14 @@ def test_other_distances_take_the_gpu_dense_route(monkeypatch, distance):
         results.append((loss.detach(), e.grad))
     assert float(results[0][1].abs().max()) > 0
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+@needs_triton
+def test_check_values_names_a_non_finite_embedding_before_any_kernel():
+    x = torch.randn(6, 3)
+    x[2, 1] = float("nan")
+    with pytest.raises(ValueError, match="embeddings contains 1 non-finite"):
+        RankedListLoss(backend="triton", check_values=True)(x, torch.arange(6) % 2)
 
 
 def test_module_imports_without_triton(monkeypatch):
