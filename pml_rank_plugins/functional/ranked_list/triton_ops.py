@@ -9,9 +9,10 @@ holds the kernels).
 
 Both have fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces through them,
 and both pass ``torch.library.opcheck``. Launch parameters travel as an ``int[]`` (the integer
-fields of :class:`.triton_kernel.Tiles`) and a precision string. Only importable names of
-torch, no PML import; without triton the module imports and the operators are defined, but
-calling one with a non-empty batch fails (the caller checks first).
+fields of :class:`.triton_kernel.Tiles`) and a precision string. Without triton the module
+imports and the operators are defined, but calling one on a non-empty batch fails
+(:func:`.triton_kernel.triton_ranked_list_terms` checks first and says why). Pure torch + the
+kernels, no PML import.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _MULTIPROCESSORS: dict[int, int] = {}
 
 
 def _target_programs(device: torch.device, per_sm: int, target: int) -> int:
+    """About how many programs a launch should have to fill ``device`` (``target`` if > 0)."""
     if target > 0:
         return target
     if device.type != "cuda":
@@ -66,10 +68,10 @@ class _Launch:
         self.sizes = (len(queries), len(refs), queries.shape[1])
         self.strides = (*queries.stride(), *refs.stride(), *(cat.stride() if dense else (0, 0)),
                         *(wgt.stride() if given else (0, 0)))  # fmt: skip
-        # A temperature above float32's range becomes inf (the kernel's exp(T 0) stays 1).
+        # A temperature above float32's range becomes inf: the kernels' exp(T 0) stays 1 and
+        # every exp(T x), x < 0, is 0 (the hardest-pair limit, as reference.scaled_exp_).
         big = torch.finfo(torch.float32).max
-        self.params = (alpha, alpha - margin, min(Tn, float("inf")) if Tn <= big else float("inf"),
-                       Tp if Tp <= big else float("inf"))  # fmt: skip
+        self.params = (alpha, alpha - margin, *(t if t <= big else float("inf") for t in (Tn, Tp)))
         block_n, block_m, block_k, block_d, warps, stages, per_sm, target = tiles
         self.blocks = (block_n, block_m, block_d)
         d = self.sizes[2]
