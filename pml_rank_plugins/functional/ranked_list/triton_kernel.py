@@ -43,6 +43,13 @@ Precision: ``tl.dot`` with ``input_precision="tf32x3"`` (float32 accuracy on ten
 the histogram kernel (:mod:`pml_rank_plugins.functional.histogram.triton_kernel`). Under the
 interpreter the products are numpy float32 ones.
 
+Not yet timed on a GPU: the defaults of :class:`Tiles` are the histogram kernel's. Compiled
+ahead of time for sm_90a here (triton 3.8's ptxas, no GPU), 64 x 64 tiles, 4 warps: 255
+registers each; spills of 0 bytes (forward, labels), 3,776 (forward, a miner's categories and
+weights), 1,140 (``grad_Q``) and 788 (``grad_R``), against 632 / 796 for the histogram
+kernel's forward / ``grad_Q``; with 8 warps 0, -, 208 and 196 (``block_d=64``: 52 and 100).
+A GPU session should sweep ``num_warps`` and ``block_d`` (``Tiles``).
+
 Compile-ready: the kernel is two ``torch.library`` custom operators, ``pml_rank::ranked_list``
 (forward; autograd registered, backward calls the second) and ``pml_rank::ranked_list_grad``,
 each with a fake (meta) implementation, so ``torch.compile(fullgraph=True)`` traces through

@@ -543,3 +543,39 @@ def test_module_imports_without_triton(monkeypatch):
     q, r, pairs = _inputs()
     with pytest.raises(RuntimeError, match="needs the triton package"):
         module.triton_ranked_list_terms(q, r, pairs)
+
+
+@needs_triton
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["stats_kernel", "grad_queries_kernel", "grad_refs_kernel"])
+@pytest.mark.parametrize("dense", [False, True], ids=["labels", "dense_given"])
+def test_kernels_compile_for_a_cuda_gpu_without_one(kernel, dense):
+    # The interpreter is lenient (numpy); Triton's compiler is not. Compiling ahead of time for
+    # sm_90 (no GPU needed: triton's own ptxas) checks what a GPU would build at the defaults.
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pml_rank_plugins.functional.ranked_list import triton_jit
+
+    if triton_kernel.interpreted():
+        pytest.skip("TRITON_INTERPRET=1 in this process: the kernels are interpreted functions")
+    fn = getattr(triton_jit, kernel)
+    consts = dict(BLOCK_N=64, BLOCK_M=64, BLOCK_K=32, DENSE=dense, HAS_SELF=not dense,
+                  DIAGONAL=False, GIVEN=dense, POS_T0=dense, NEG_T0=False, PRECISION="tf32x3")  # fmt: skip
+    if kernel == "stats_kernel":
+        consts["TRACK_TN"] = dense
+    else:
+        consts["BLOCK_D"] = 128
+    types = {"lab_ptr": "*i64", "rlab_ptr": "*i64", "self_ptr": "*i64", "cat_ptr": "*i8"}
+    floats = {"alpha", "thr", "Tn", "Tp"}
+    signature = {
+        name: "constexpr" if name in consts else types.get(
+            name, "*fp32" if name.endswith("_ptr") else "fp32" if name in floats else "i32"
+        )
+        for name in fn.arg_names
+    }  # fmt: skip
+    source = ASTSource(fn=fn, signature=signature, constexprs=consts)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=4, num_stages=2))  # fmt: skip
+    assert ".entry " + fn.fn.__name__ in compiled.asm["ptx"] and len(compiled.asm["cubin"]) > 0
