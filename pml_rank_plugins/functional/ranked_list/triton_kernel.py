@@ -32,9 +32,9 @@ its mined distances) for ``d_ij = sqrt(max(0, (|q_i|^2 - 2 q_i.r_j) + |r_j|^2))`
   each writes only its own rows, splits summed by ``torch.sum``: deterministic, no atomics.
 
 Cost: forward one ``N M d`` product plus ``O(N M)`` elementwise work in registers; backward one
-recomputation and one product per gradient (two for ``grad_Q`` only, the default
-``gallery_gradient=False``; four with reference gradient): three ``N M d`` products in all, the
-floor's count. Extra memory ``O(splits N + splits (N + M) d)`` floats, independent of ``N M``
+recomputation and one product per gradient: three ``N M d`` products in all with the default
+``gallery_gradient=False`` (``grad_Q`` only; the floor ``S = X X^T`` forward + backward has
+three too), five with reference gradient. Extra memory ``O(splits N + splits (N + M) d)`` floats, independent of ``N M``
 (a miner's pairs come as ``N M`` int8 categories, and its weights as an ``(N, M)`` float32
 matrix: the only ``N x M`` inputs). float32 (half inputs upcast, gradients returned in their
 dtype); float64 is refused with a ``TypeError`` (use the ``cpu`` or ``gpu`` backend).
