@@ -25,9 +25,15 @@ peak memory growth <= 1/8 of PML's; N = 16384 (``--sizes 16384``) under 1 GiB of
 same under ``--load train``; under ``--load spawn``: never slower than PML and <= 2x the floor.
 ``--device cuda``, ``--autocast``, ``--json PATH`` and ``--in-process``, ``--backends`` and
 ``--cuda-graph``: as in
-``bench_histogram_ap.py`` (``benchmarks/_measure.py``).
+``bench_histogram_ap.py`` (``benchmarks/_measure.py``). ``--backend NAME`` (``cpu``, ``gpu``,
+``triton`` or ``auto``) runs this table's ``ours`` and ``ours_gg`` under
+``use_backend(NAME)`` (cases ``ours@NAME``, ``ours_gg@NAME``), beside PML and the floor of the
+same run: ``--backend triton`` measures the fused kernel
+(``functional/ranked_list/triton_kernel.py``) for both gradient modes (``ours_gg`` runs its
+``grad_R`` kernel too); ``--backends`` gives the per-backend table instead.
 Run: ``python benchmarks/bench_ranked_list.py [--sizes 1024 4096 16384] [--load train]
-[--device cpu|cuda] [--autocast none bfloat16] [--json PATH] [--in-process]``.
+[--device cpu|cuda] [--autocast none bfloat16] [--json PATH] [--in-process]
+[--backend triton]``.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import warnings
 from functools import partial
 
 from _backend_report import report_backends
+from _backends import BACKEND_CHOICES
 from _measure import (
     add_pairwise_flags,
     bench_main,
@@ -98,19 +105,30 @@ def report(args) -> None:
         )
         report_backends(__file__, args, title, SPEC)
         return
+    backend = args.backend
     title = (
         f"RankedListLoss forward+backward, {{where}}, d={args.dim}, "
         "alpha 1.2, margin 0.4, Tn 10, 4 per class, "
         f"{args.warmup} warm-up call(s), best of {args.repeats} timed x {args.rounds} "
         "rounds; peak = {peak} during all calls; ours = gallery_gradient=False, gg = True"
+        + (f"; ours and gg on backend {backend}" if backend else "")
     )
-    report_pairwise(__file__, CASES, args, title, COLUMNS, size_row, "O(N^2)")
+    cases = [ours_case(case, backend) for case in CASES]
+    row = partial(size_row, backend=backend)
+    report_pairwise(__file__, cases, args, title, COLUMNS, row, "O(N^2)")
 
 
-def size_row(n: int, best: dict) -> list:
+def ours_case(case: str, backend: str | None) -> str:
+    """``case`` as measured: ``"ours"`` / ``"ours_gg"`` under ``--backend NAME`` become
+    ``"ours@NAME"`` (``_measure.run_pairwise_case`` runs them under ``use_backend(NAME)``)."""
+    return f"{case}@{backend}" if backend and case.startswith("ours") else case
+
+
+def size_row(n: int, best: dict, backend: str | None = None) -> list:
     """The table row of size ``n`` from its cases' results (``"skipped"`` / ``"-"`` for a case
-    not run or failed)."""
-    ours, gg, floor, pml = best["ours"], best["ours_gg"], best["floor"], best.get("pml")
+    not run or failed); ``backend``: the ``--backend`` the ``ours`` cases ran under."""
+    ours, gg = best[ours_case("ours", backend)], best[ours_case("ours_gg", backend)]
+    floor, pml = best["floor"], best.get("pml")
     speedup, memory = versus_pml(ours, pml)
     return [
         n,
@@ -133,6 +151,13 @@ def size_row(n: int, best: dict) -> list:
 def main() -> None:
     parser = bench_parser(__doc__)
     add_pairwise_flags(parser, sizes=[1024, 4096])
+    parser.add_argument(
+        "--backend",
+        choices=BACKEND_CHOICES,
+        default=None,
+        help="run ours and ours gg of this table under this backend (triton: the fused kernel); "
+        "default: the loss's default selection",
+    )
     bench_main(parser, partial(run_pairwise_case, make_loss), report)
 
 

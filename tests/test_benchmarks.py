@@ -297,6 +297,25 @@ def test_bench_ranked_list_prints_one_row_per_size():
     assert "PML skipped above N=32" in out
 
 
+def test_bench_ranked_list_backend_runs_ours_on_that_backend(monkeypatch):
+    # --backend NAME: ours and ours gg under use_backend(NAME), beside PML and the floor of the
+    # same run (the CPU default is the cpu backend, so every gpu kernel call comes from it).
+    from pml_rank_plugins.utils import ranked_list_backends
+
+    calls = []
+    real = ranked_list_backends.gpu_ranked_list_terms
+    monkeypatch.setattr(
+        ranked_list_backends,
+        "gpu_ranked_list_terms",
+        lambda *a, **k: calls.append(1) or real(*a, **k),
+    )
+    out = smoke("bench_ranked_list.py", "--sizes", "32", "--pml-max", "32", "--backend", "gpu")
+    rows = table_rows(out)
+    assert [row[0] for row in rows] == ["32"]
+    assert rows[0][5].endswith("x") and rows[0][7].endswith("x")  # PML / ours, ours / floor
+    assert "ours and gg on backend gpu" in out and len(calls) >= 2
+
+
 def test_bench_memory_bank_toy_size_prints_every_case():
     out = smoke(
         "bench_memory_bank.py",

@@ -99,8 +99,10 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
             (sparse mined pairs, CPU-cache chunks). ``gpu``: dense chunks from a fixed memory
             budget, no host synchronisation in forward or backward
             (``pml_rank_plugins.functional.ranked_list.gpu``; same values and gradients to
-            rounding); ``triton`` runs the ``gpu`` path (no Triton kernel for this family, see
-            that module). Keyword-only.
+            rounding); ``triton``: the fused kernel
+            (``pml_rank_plugins.functional.ranked_list.triton_kernel``: no ``N x M`` buffer,
+            every option of this class; float64 embeddings a ``TypeError``; any other distance
+            object than the default runs the ``gpu`` dense path). Keyword-only.
         check_values: read input values back to validate them (finite embeddings, index ranges
             of ``indices_tuple``, miner weights, a finite loss): ``None`` (default) does so on
             ``cpu`` only; on ``gpu`` / ``triton`` each check would synchronise the host, so they
@@ -243,7 +245,15 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
             values = checks_values(backend, self.check_values)
             with autocast_off(device.type), one_torch_thread(device, glue):
                 terms = sync_free_loss_terms(
-                    self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index, values
+                    self,
+                    embeddings,
+                    labels,
+                    indices_tuple,
+                    ref_emb,
+                    ref_labels,
+                    self_index,
+                    values,
+                    backend=backend,
                 )
                 return self._loss_dict(terms, False)
         with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):

@@ -77,10 +77,12 @@ class RankedListMiner(BaseMiner):
         alpha: keyword-only; ``None`` (default): ``1 + margin / 2``, as the loss.
         chunk_size: query rows per chunk (``None``: automatic).
         backend: as :class:`~pml_rank_plugins.losses.RankedListLoss` (``gpu`` / ``triton``:
-            ``pml_rank_plugins.functional.ranked_list.gpu_mining``). A miner returns index
-            tuples whose lengths depend on the data, so no backend can mine without reading
-            back from the device: the ``gpu`` path does it exactly once per call (the pair
-            counts, one device-to-host copy), the ``cpu`` path once per chunk and pair kind.
+            ``pml_rank_plugins.functional.ranked_list.gpu_mining``; the fused Triton kernel is
+            the loss's: index lists need the mined masks, which that path builds). A miner
+            returns index tuples whose lengths depend on the data, so no backend can mine
+            without reading back from the device: the ``gpu`` path does it exactly once per
+            call (the pair counts, one device-to-host copy), the ``cpu`` path once per chunk
+            and pair kind.
         check_values: as the loss (``self_index`` ranges, finite embeddings); float label
             values (NaN, inf, fractions) are checked on every backend, as the losses do.
 

@@ -1,7 +1,21 @@
 """The ``gpu`` / ``triton`` paths of :class:`~pml_rank_plugins.losses.RankedListLoss` and
 :class:`~pml_rank_plugins.miners.RankedListMiner` (selected by
-:func:`~pml_rank_plugins.functional.backend.resolve_backend`; the ``triton`` backend runs this
-path too, the family has no Triton kernel: see :mod:`pml_rank_plugins.functional.ranked_list.gpu`).
+:func:`~pml_rank_plugins.functional.backend.resolve_backend`).
+
+Routes, explicit (docs/ranked-list.md, backends):
+
+* loss, ``triton``, the default ``LpDistance(p=2, power=1)`` (normalized or not): the fused
+  kernel :func:`pml_rank_plugins.functional.ranked_list.triton_kernel.triton_ranked_list_terms`
+  (every option: labels, ``ref_emb``, ``self_index`` / the memory bank, a miner's pairs and
+  weights, ``Tn``, ``Tp``, ``query_weighting``, ``gallery_gradient``); float64 embeddings are a
+  ``TypeError`` there, as the histogram losses' ``triton`` (use ``gpu`` or ``cpu``);
+  ``chunk_size`` does not apply (the kernel tiles);
+* loss, ``triton``, any other distance object: its ``(N, M)`` matrix is computed by calling it,
+  then the ``gpu`` dense kernel runs on it (no Euclidean structure to fuse);
+* loss, ``gpu``: :mod:`pml_rank_plugins.functional.ranked_list.gpu`;
+* miner, ``gpu`` and ``triton``: :mod:`pml_rank_plugins.functional.ranked_list.gpu_mining` (a
+  miner returns index lists, built from masks by ``nonzero_static``: a fused kernel would still
+  write those masks or compact pairs after a counting pass, which is what that path does).
 
 The loss reads no tensor value on the host (forward and backward: zero syncing operators) unless
 ``check_values`` (:func:`~pml_rank_plugins.functional.backend.checks_values`). The miner returns
@@ -17,6 +31,7 @@ import torch
 from ..functional.ranked_list.gpu import gpu_ranked_list_terms, gpu_ranked_list_terms_dense
 from ..functional.ranked_list.gpu_mining import gpu_mining_from_dist, gpu_ranked_list_mining
 from ..functional.ranked_list.gpu_steps import LabelPairs
+from ..functional.ranked_list.triton_kernel import triton_ranked_list_terms
 from ..functional.sync_free_inputs import normalize_rows, prepare_embeddings
 from ..functional.validation import validate_indices_tuple
 from .gpu_inputs import pair_source, pair_weights
@@ -24,10 +39,19 @@ from .loss_and_miner_utils import WeightedPairs, distance_matrix, euclidean_embe
 
 
 def sync_free_loss_terms(
-    loss, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index, check_values
+    loss,
+    embeddings,
+    labels,
+    indices_tuple,
+    ref_emb,
+    ref_labels,
+    self_index,
+    check_values,
+    backend: str = "gpu",
 ):
-    """``RankedListLoss``'s terms on the ``gpu`` kernels (``None`` for an empty batch or
-    reference set, after setting the query counts). ``loss`` supplies the distance and the
+    """``RankedListLoss``'s terms on the ``gpu`` kernels, or with ``backend="triton"`` the fused
+    kernel for the Euclidean distance (module docstring); ``None`` for an empty batch or
+    reference set, after setting the query counts. ``loss`` supplies the distance and the
     parameters; ``check_values`` adds the ``cpu`` path's value checks."""
     emb, ref, is_self = prepare_embeddings(embeddings, ref_emb, check_values)
     validate_indices_tuple(indices_tuple, len(emb), len(ref), check_values)
@@ -44,6 +68,10 @@ def sync_free_loss_terms(
     chunkable = euclidean_embeddings(
         loss.distance, emb, ref, is_self, loss.gallery_gradient, normalize_rows
     )
+    if chunkable is not None and backend == "triton":
+        return triton_ranked_list_terms(
+            *chunkable, pairs, **loss._params(), neg_weights=given, check_values=check_values
+        )
     if chunkable is not None:
         return gpu_ranked_list_terms(
             *chunkable,

@@ -10,6 +10,7 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 import pml_rank_plugins.utils.ranked_list_backends as backends_module
 from pml_rank_plugins.functional import chunking
 from pml_rank_plugins.functional.backend import ENV_VAR, triton_available, use_backend
+from pml_rank_plugins.functional.ranked_list import triton_kernel
 from pml_rank_plugins.losses import CrossBatchMemory, RankedListLoss
 from pml_rank_plugins.miners import RankedListMiner
 from pml_rank_plugins.utils.op_count import OpCounter
@@ -136,9 +137,14 @@ def test_selection_by_keyword_context_and_env_var(monkeypatch):
     with use_backend("cpu"):
         RankedListLoss()(x, labels)
     assert len(calls) == auto + 3
-    if triton_available():  # the family has no Triton kernel: triton runs the gpu path
-        RankedListLoss(backend="triton")(x, labels)
-        assert len(calls) == auto + 4
+    if triton_available():  # triton runs the fused kernel, never the gpu one
+        x32 = x.float()  # float64 is a TypeError on triton (tests/functional/ranked_list)
+        if triton_kernel.triton_available_for(x.device):
+            RankedListLoss(backend="triton")(x32, labels)
+        else:  # CPU tensors outside the interpreter: an error, not a fallback
+            with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+                RankedListLoss(backend="triton")(x32, labels)
+        assert len(calls) == auto + 3
     monkeypatch.setenv(ENV_VAR, "cuda")
     with pytest.raises(ValueError, match=ENV_VAR):
         RankedListLoss()(x, labels)

@@ -8,8 +8,10 @@
   Euclidean kernel and miner of the ``cpu`` backend, O(chunk x M) memory, mined pairs kept as a
   sparse list.
 * :mod:`.gpu` (steps in :mod:`.gpu_steps`), :mod:`.gpu_mining`: the ``gpu`` backend's kernel and
-  miner, dense chunks and no host synchronisation (the ``triton`` backend maps here: the family
-  has no Triton kernel, see :mod:`.gpu`).
+  miner, dense chunks and no host synchronisation (the ``triton`` backend's miner too).
+* :mod:`.triton_kernel` (kernels in :mod:`.triton_jit`, ``torch.library`` operators in
+  :mod:`.triton_ops`): the ``triton`` backend's fused loss kernel, tiles of ``Q R^T``
+  recomputed, no ``N x M`` buffer; importable without triton.
 
 The backend is picked where the inputs are prepared, since each backend prepares them its own
 way (value-checking and screened on ``cpu``, sync-free on ``gpu``): by
@@ -45,6 +47,7 @@ from .reference import (
     ranked_list_terms,
     scaled_exp_,
 )
+from .triton_kernel import triton_ranked_list_terms
 
 __all__ = [
     "ChunkParams",
@@ -73,4 +76,5 @@ __all__ = [
     "ranked_list_terms",
     "scaled_exp_",
     "term_weights",
+    "triton_ranked_list_terms",
 ]
