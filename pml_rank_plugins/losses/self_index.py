@@ -71,7 +71,7 @@ class SelfIndexForward:
         ref_emb, ref_labels = c_f.set_ref_emb(embeddings, labels, ref_emb, ref_labels)
         # The entries' range and labels are read back only where the backend checks values
         # (the cpu backend, or check_values=True on the loss): see backend.checks_values.
-        backend = call_backend(embeddings.device, getattr(self, "backend", None))
+        backend = call_backend(embeddings.device, getattr(self, "backend", None), embeddings.dtype)
         check_values = checks_values(backend, getattr(self, "check_values", None))
         self_index = check_self_index(
             self_index, labels, ref_labels, indices_tuple, check_values=check_values

@@ -174,7 +174,7 @@ class RankedListMiner(BaseMiner):
             raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
         check_labels(labels, "labels")
         check_labels(ref_labels, "ref_labels")
-        backend = resolve_backend(embeddings.device, self.backend)
+        backend = resolve_backend(embeddings.device, self.backend, dtype=embeddings.dtype)
         values = checks_values(backend, self.check_values)
         # NaN / inf / fractional labels, on every backend as the losses do (check_loss_labels):
         # integer labels are not read at all, float ones once (this miner reads counts back
