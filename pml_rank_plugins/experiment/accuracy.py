@@ -168,14 +168,15 @@ def make_accuracy_calculator(
     torch_knn: bool | None = None,
 ) -> RecallAtKAccuracyCalculator:
     """Calculator for ``metrics`` + ``recall_at_<K>``, its k-NN search chosen by
-    :func:`knn_backend` for ``device``.
+    ``experiment.accuracy.knn_backend`` for ``device``.
 
     ``use_faiss=None`` picks faiss when it imports; with faiss absent PML's default ``FaissKNN``
     would raise ``NameError``, so cosine-similarity ``CustomKNN`` is used instead on the CPU
-    (same neighbours on L2-normalised embeddings). With faiss-gpu and a CUDA ``device`` the search
-    runs on that one GPU (PML's default would spread the index over every visible GPU); on a
-    CUDA ``device`` without faiss-gpu, :class:`TorchKNN` runs there. ``torch_knn=True`` forces
-    :class:`TorchKNN` on any device (how it is tested on the CPU), ``False`` never uses it.
+    (same neighbours on L2-normalised embeddings). With faiss-gpu and a CUDA ``device`` the
+    search runs on that one GPU (PML's default would spread the index over every visible GPU);
+    on a CUDA ``device`` without faiss-gpu, :class:`~pml_rank_plugins.experiment.TorchKNN` runs
+    there. ``torch_knn=True`` forces it on any device (how it is tested on the CPU), ``False``
+    never uses it.
     """
     if use_faiss is None:
         use_faiss = faiss_available()

@@ -54,8 +54,8 @@ def diagnose_non_finite(
     ``.loss`` with ``ref_emb`` / ``ref_labels`` / ``self_index`` of the memory.
 
     Raises:
-        ValueError: for a ``CrossBatchMemory`` (see above).
-        Whatever the replay raises other than the checks' ``ValueError``.
+        ValueError: for a ``CrossBatchMemory`` (see above). Anything else the replay raises
+            (other than the checks' ``ValueError``, which is returned) propagates.
     """
     if isinstance(loss_func, CrossBatchMemory):
         raise ValueError(
