@@ -208,3 +208,34 @@ def test_the_miner_flags_a_bad_self_index_with_nan_weights(bad):
             args[0], args[1], kwargs["ref_emb"], kwargs["ref_labels"],
             self_index=kwargs["self_index"],
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["FastAP", "RankedList"])
+@pytest.mark.parametrize("kind", ["pairs", "triplets", "self_index"])
+def test_the_safety_costs_no_sync_and_at_most_18_operators(monkeypatch, name, kind):
+    # Measured against the same call with the clamping switched off (valid inputs, forward and
+    # backward): 0 syncs either way; FastAP +18 / +15 / +11 operators (pairs / triplets /
+    # self_index), RankedList the same, and nothing at all without indices or self_index.
+    from pml_rank_plugins.losses import self_index as self_index_module
+
+    emb, labels, ref, ref_labels = _batch()
+    given = {
+        "pairs": {
+            "indices_tuple": tuple(torch.tensor(i) for i in ([0, 1], [2, 3], [0, 1], [1, 2]))
+        },
+        "triplets": {"indices_tuple": tuple(torch.tensor([i]) for i in (0, 2, 1))},
+        "self_index": {"ref_emb": ref, "ref_labels": ref_labels, "self_index": torch.arange(N)},
+    }[kind]
+
+    def count(**kwargs):
+        x = emb.clone().requires_grad_()
+        with use_backend("gpu"), OpCounter(forbid_syncs=True) as ops:
+            LOSSES[name]()(x, labels, **kwargs).backward()
+        return ops.total
+
+    count(**given)  # a first call makes the kernels' cached constants: not counted
+    safe, plain = count(**given), count()
+    monkeypatch.setattr(self_index_module, "_safe_indices_tuple", lambda t, e, r: (t, None))
+    monkeypatch.setattr(self_index_module, "clamp_self_index", lambda s, lab, ref_lab: (s, None))
+    assert 0 < safe - count(**given) <= 18
+    assert count() == plain
