@@ -168,31 +168,39 @@ def _clamp_reference(indices_tuple, n, m):
     return safe, bad
 
 
-@pytest.mark.parametrize(
-    "entries, n, m",
-    [
-        (([0, 1], [2, 3], [0], [5]), 4, 6),  # all in range
-        (([0, 4], [2, 3], [0], [5]), 4, 6),  # an anchor = N
-        (([0, 1], [2, -3], [0], [5]), 4, 6),  # a negative reference index
-        (([0, 1], [2, 3], [0], [6]), 4, 6),  # a negative = M
-        (([0], [1], [9]), 4, 6),  # triplets
-        (([0], [1], [0], [0]), 4, 0),  # no reference row: every entry is out of range
-        (([], [], [], []), 4, 0),  # nothing given: nothing out of range
-    ],
-)
-def test_clamp_indices_tuple_equals_the_loop_and_compiles_fullgraph(entries, n, m):
+CLAMP_CASES = [
+    (([0, 1], [2, 3], [0], [5]), 4, 6),  # all in range
+    (([0, 4], [2, 3], [0], [5]), 4, 6),  # an anchor = N
+    (([0, 1], [2, -3], [0], [5]), 4, 6),  # a negative reference index
+    (([0, 1], [2, 3], [0], [6]), 4, 6),  # a negative = M
+    (([0], [1], [9]), 4, 6),  # triplets
+    (([0], [1], [0], [0]), 4, 0),  # no reference row: every entry is out of range
+    (([], [], [], []), 4, 0),  # nothing given: nothing out of range
+]
+
+
+@pytest.mark.parametrize("entries, n, m", CLAMP_CASES)
+def test_clamp_indices_tuple_equals_the_loop(entries, n, m):
     from pml_rank_plugins.functional.validation import clamp_indices_tuple
 
     tup = tuple(torch.tensor(e, dtype=torch.long) for e in entries)
     expected, expected_bad = _clamp_reference(tup, n, m)
     safe, bad = clamp_indices_tuple(tup, n, m)
     assert [t.tolist() for t in safe] == expected and bool(bad) == expected_bad
-    if len(entries[0]) != 2 or m == 0:
-        return  # compiled in the cases with two anchors (~0.5 s a compile)
+
+
+def test_clamp_indices_tuple_compiles_fullgraph_and_equals_eager():
+    # one compiled function for the four cases of one shape (a compile costs ~0.5 s; the first
+    # in a process several seconds)
+    from pml_rank_plugins.functional.validation import clamp_indices_tuple
+
     torch._dynamo.reset()
     compiled = torch.compile(clamp_indices_tuple, backend="aot_eager", fullgraph=True)
-    c_safe, c_bad = compiled(tup, n, m)
-    assert [t.tolist() for t in c_safe] == expected and bool(c_bad) == expected_bad
+    for entries, n, m in CLAMP_CASES[:4]:
+        tup = tuple(torch.tensor(e, dtype=torch.long) for e in entries)
+        expected, expected_bad = _clamp_reference(tup, n, m)
+        safe, bad = compiled(tup, n, m)
+        assert [t.tolist() for t in safe] == expected and bool(bad) == expected_bad
     torch._dynamo.reset()
 
 
@@ -204,30 +212,32 @@ def test_clamp_indices_tuple_keeps_the_structure_errors():
         clamp_indices_tuple((torch.tensor([0]), torch.tensor([0.5]), torch.tensor([1])), 4, 4)
 
 
-@pytest.mark.parametrize(
-    "self_index, bad",
-    [([0, 1, 2, 3], False), ([0, 1, 2, 9], True), ([-1, 1, 2, 3], True), ([0, 1, 2, 2], True)],
-)
-def test_clamp_self_index_flags_range_and_label_and_flag_non_finite_compiles(self_index, bad):
+SELF_INDEX_CASES = [
+    ([0, 1, 2, 3], False),
+    ([0, 1, 2, 9], True),  # past the M = 6 columns
+    ([-1, 1, 2, 3], True),  # negative
+    ([0, 1, 2, 2], True),  # column 2 holds label 0, query 3 has label 1
+]
+
+
+def test_clamp_self_index_flags_range_and_label_and_flag_non_finite_compiles():
     from pml_rank_plugins.functional.validation import clamp_self_index, flag_non_finite
 
     labels, ref_labels = torch.tensor([0, 1, 0, 1]), torch.tensor([0, 1, 0, 1, 0, 1])
-    index = torch.tensor(self_index)
-    safe, flag = clamp_self_index(index, labels, ref_labels)
-    assert safe.tolist() == [min(max(i, 0), 5) for i in self_index] and bool(flag) == bad
-    loss = torch.tensor(0.25, requires_grad=True)
     torch._dynamo.reset()
     compiled = torch.compile(
         lambda i, x: flag_non_finite(x, clamp_self_index(i, labels, ref_labels)[1]),
         backend="aot_eager",
         fullgraph=True,
     )
-    outputs = [flag_non_finite(loss, flag)]
-    if self_index[0] == 0:  # compiled in three of the four cases (~0.5 s a compile)
-        outputs.append(compiled(index, loss))
-    for out in outputs:
-        assert bool(torch.isnan(out)) == bad and (bad or float(out.detach()) == 0.25)
-        (grad,) = torch.autograd.grad(out, loss)
-        assert float(grad) == (0.0 if bad else 1.0)  # a flagged loss gets a zero gradient
+    for self_index, bad in SELF_INDEX_CASES:
+        index = torch.tensor(self_index)
+        safe, flag = clamp_self_index(index, labels, ref_labels)
+        assert safe.tolist() == [min(max(i, 0), 5) for i in self_index] and bool(flag) == bad
+        loss = torch.tensor(0.25, requires_grad=True)
+        for out in (flag_non_finite(loss, flag), compiled(index, loss)):
+            assert bool(torch.isnan(out)) == bad and (bad or float(out.detach()) == 0.25)
+            (grad,) = torch.autograd.grad(out, loss)
+            assert float(grad) == (0.0 if bad else 1.0)  # a flagged loss gets a zero gradient
     torch._dynamo.reset()
     assert flag_non_finite(loss, None) is loss
