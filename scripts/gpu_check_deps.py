@@ -128,11 +128,12 @@ def faiss_route(faiss: dict) -> str:
     gpu_route = "faiss-gpu: `pip uninstall -y faiss-cpu && pip install faiss-gpu-cu12` where a "
     gpu_route += "network exists (135 MB wheel plus the CUDA 12 runtime: too big to carry)"
     if not faiss["installed"]:
-        return f"none (PML's CustomKNN, exact torch search); {gpu_route}"
+        return f"none (CUDA: the exact torch search TorchKNN; CPU: PML's CustomKNN); {gpu_route}"
     if faiss["build"] == "GPU":
         return f"faiss-gpu {faiss['version']} ({faiss['gpus']} GPUs)"
     return (
-        f"faiss-cpu {faiss['version']} (the CPU fallback: the GPU k-NN is not checked); {gpu_route}"
+        f"faiss-cpu {faiss['version']} (CUDA embeddings: the exact torch search TorchKNN on the "
+        f"GPU, faiss-gpu not checked); {gpu_route}"
     )
 
 

@@ -24,11 +24,13 @@ Device rules for a test in a device directory (``TEST_DEVICE=cpu``, the default,
 * Module-level tensors are made at import, on the CPU: make them inside the test (or a fixture).
 * RNG state: ``torch.get_rng_state()`` is the CPU's; a CUDA test also compares
   ``torch.cuda.get_rng_state_all()`` (:func:`rng_states`).
-* Backends: ``auto`` is the ``cpu`` backend on the CPU and ``gpu`` on CUDA. A test of a value
+* Backends: ``auto`` is the ``cpu`` backend on the CPU; on CUDA ``triton`` for float32 / float16 /
+  bfloat16 embeddings where triton imports, else ``gpu`` (float64). A test of a value
   check (NaN/inf embeddings, index ranges, ``self_index`` values, pair weights) constructs the
   loss or miner with ``check_values=True`` (opt-in on ``gpu``/``triton``): without it an
-  out-of-range index reaches a CUDA kernel, whose device-side assert fails every later test of
-  that pytest(-xdist) process. A test of what ``auto`` picks derives it from the tensors' device.
+  out-of-range index is clamped on the device and the loss made NaN instead of raising (before
+  issue 49 it reached a CUDA kernel, whose device-side assert failed every later test of that
+  pytest(-xdist) process). A test of what ``auto`` picks derives it from the tensors' device.
 * DataLoader workers cannot use CUDA: a dataset read by ``num_workers > 0`` holds CPU tensors
   (``device="cpu"``).
 * Weights files load on the CPU (``map_location="cpu"``): move such a model to the test device.

@@ -715,5 +715,18 @@ def test_gpu_bench_tiny_runs_every_part_and_writes_its_files(tmp_path):
         "op_counts",
     ]
     assert merged["bench_histogram_ap"]["backends"] == ["cpu", "gpu"]
+    assert merged["bench_memory_bank"]["backends"] == ["gpu", "cpu"]  # tiny: no triton on a CPU
     train = (tmp_path / "train_step.md").read_text()
     assert "-- training step: exit 0" in train and "| PML ContrastiveLoss |" in train
+
+
+def test_gpu_bench_runs_the_memory_bank_on_gpu_and_triton_by_default():
+    # issue 49, item 5: batch 256 against 65,536 on gpu and triton in the default parts (first,
+    # so that a budget running out cuts the cpu backend's rows)
+    script = (BENCHMARKS.parent / "scripts" / "gpu_bench.sh").read_text()
+    default_parts = re.search(r"GPU_BENCH_PARTS:-([a-z ]+)\}", script).group(1).split()
+    assert "bank" in default_parts
+    full = re.search(r"device=cuda backends=\S+ bank_backends=(\S+)", script)
+    assert full.group(1).split(",")[:2] == ["gpu", "triton"]
+    assert "memory=(--memory 65536 --batch 256 --dim 128)" in script
+    assert re.search(r'want bank && run .*bench_memory_bank\.py', script)

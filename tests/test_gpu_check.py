@@ -83,7 +83,12 @@ def test_gpu_check_cpu_tiny_reports_every_part(cpu_report):
     distributed = report["parts"]["distributed"]["details"]
     assert distributed["max_abs_difference"] <= 1e-9
     assert "rank 1 did not answer" in distributed["timeout"]["message"]
-    assert report["parts"]["knn"]["details"]["backend"] in ("faiss-cpu", "CustomKNN")
+    knn = report["parts"]["knn"]["details"]
+    assert knn["backend"] in ("faiss-cpu", "CustomKNN")
+    if knn["backend"] == "faiss-cpu":  # the torch search timed against faiss-cpu (--tiny size)
+        sop = knn["sop_scale"]
+        assert sop["shape"] == [2000, 16] and sop["torch_s"] > 0 and sop["faiss_cpu_s"] > 0
+        assert sop["max_abs_distance_difference"] <= 1e-4
     markdown = (out / "gpu_check.md").read_text()
     for name in EXPECTED_PARTS:
         assert f"| {name} | {report['parts'][name]['status']} |" in markdown

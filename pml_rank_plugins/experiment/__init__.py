@@ -11,7 +11,7 @@ Import direction: :mod:`pml_rank_plugins.running` imports this package,
 :mod:`pml_rank_plugins.reporting` imports both; this package imports neither.
 """
 
-from .accuracy import RecallAtKAccuracyCalculator, make_accuracy_calculator
+from .accuracy import RecallAtKAccuracyCalculator, TorchKNN, make_accuracy_calculator
 from .builder import Experiment, build_experiment, build_tester, eval_settings, make_trainer
 from .check import check_configs, check_method
 from .data_root import ENV_VAR, resolve_data_root
@@ -42,6 +42,7 @@ __all__ = [
     "Protocol",
     "RecallAtKAccuracyCalculator",
     "RunSpec",
+    "TorchKNN",
     "TrainerSpec",
     "UnknownNameError",
     "allow_modules",

@@ -6,6 +6,11 @@ metric of the FastAP / Ranked List papers: the fraction of queries with at least
 item among their K nearest references (the query itself excluded when it is in the reference
 set). Queries whose class has no other item in the reference set are excluded, as PML does for
 its other k-NN metrics.
+
+The k-NN search (:func:`knn_backend`): faiss-gpu where installed and the embeddings are on CUDA;
+on a CUDA device without it (faiss-gpu cannot be installed on many GPU machines) the exact,
+batched :class:`TorchKNN` on that device, rather than faiss-cpu on the host; faiss-cpu for CPU
+embeddings; PML's ``CustomKNN`` without faiss on the CPU.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import torch
 from pytorch_metric_learning.distances import CosineSimilarity
 from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
-from pytorch_metric_learning.utils.inference import CustomKNN
+from pytorch_metric_learning.utils.inference import CustomKNN, return_results
+
+from ..functional.histogram.gpu import float32_matmul
 
 DEFAULT_METRICS = ("precision_at_1", "r_precision", "mean_average_precision_at_r")
 
@@ -40,13 +47,66 @@ def faiss_gpu_count() -> int:
 
 
 def knn_backend(device: torch.device | str | None, faiss_installed: bool, faiss_gpus: int) -> str:
-    """Which k-NN search evaluation uses: ``"faiss-gpu"`` (faiss-gpu installed, e.g. ``pip install
-    .[gpu]``, and the embeddings on a CUDA device), ``"faiss-cpu"`` (faiss installed),
-    ``"CustomKNN"`` (no faiss: PML's exact torch search on ``device``)."""
+    """Which k-NN search evaluation uses for embeddings on ``device``:
+
+    * ``"faiss-gpu"``: faiss-gpu installed (e.g. ``pip install .[gpu]``) and a CUDA device;
+    * ``"torch"``: a CUDA device without faiss-gpu (a CPU build of faiss, or none):
+      :class:`TorchKNN`, exact and batched on that GPU, instead of copying the embeddings to
+      faiss-cpu on the host;
+    * ``"faiss-cpu"``: CPU embeddings with faiss installed;
+    * ``"CustomKNN"``: CPU embeddings without faiss (PML's exact torch search, cosine)."""
     device = torch.device(device or "cpu")
-    if not faiss_installed:
-        return "CustomKNN"
-    return "faiss-gpu" if device.type == "cuda" and faiss_gpus > 0 else "faiss-cpu"
+    if device.type == "cuda":
+        return "faiss-gpu" if faiss_installed and faiss_gpus > 0 else "torch"
+    return "faiss-cpu" if faiss_installed else "CustomKNN"
+
+
+class TorchKNN:
+    """Exact k-NN by squared Euclidean distance in torch, on the embeddings' device: PML's
+    ``knn_func`` interface (``AccuracyCalculator``), the neighbours and distances of faiss's
+    ``IndexFlatL2`` (PML's default ``FaissKNN``), ties aside.
+
+    ``d(q, r) = ||q||^2 + ||r||^2 - 2 q.r`` for a batch of queries against every reference
+    (one ``addmm``, in IEEE float32 on CUDA whatever the TF32 setting: TF32 would reorder close
+    neighbours), then ``topk``. The batch is sized so that its ``(B, M)`` distance block takes
+    at most ``batch_bytes`` (default 1 GiB): O(Q M d) time, O(B M + Q k) memory. With
+    ``ref_includes_query`` one more neighbour is searched and each query's own row removed
+    (PML's ``return_results``, as ``FaissKNN`` does).
+
+    Args:
+        batch_bytes: the memory of one batch's distance block.
+    """
+
+    def __init__(self, batch_bytes: int = 1 << 30):
+        if batch_bytes < 1:
+            raise ValueError(f"batch_bytes must be >= 1, got {batch_bytes}")
+        self.batch_bytes = int(batch_bytes)
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        k: int,
+        reference: torch.Tensor,
+        ref_includes_query: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(distances, indices)``, each ``(Q, k)``, nearest first (squared distances)."""
+        if ref_includes_query:
+            k = k + 1
+        dtype = torch.promote_types(query.dtype, torch.float32)
+        query, reference = query.to(dtype), reference.to(device=query.device, dtype=dtype)
+        rows = max(1, self.batch_bytes // (dtype.itemsize * max(len(reference), 1)))
+        ref_sq = reference.pow(2).sum(1)
+        distances, indices = [], []
+        with torch.no_grad(), float32_matmul(query.device):
+            for start in range(0, len(query), rows):
+                q = query[start : start + rows]
+                # ||r||^2 - 2 q.r, then + ||q||^2 (a constant per row: it changes no order)
+                block = torch.addmm(ref_sq.unsqueeze(0), q, reference.T, alpha=-2)
+                block += q.pow(2).sum(1, keepdim=True)
+                d, i = torch.topk(block, k, dim=1, largest=False)
+                distances.append(d.clamp_min_(0))
+                indices.append(i)
+        return return_results(torch.cat(distances), torch.cat(indices), ref_includes_query)
 
 
 def recall_at_k(knn_labels: torch.Tensor, query_labels: torch.Tensor, k: int) -> float:
@@ -105,23 +165,32 @@ def make_accuracy_calculator(
     k="max_bin_count",
     device: torch.device | None = None,
     use_faiss: bool | None = None,
+    torch_knn: bool | None = None,
 ) -> RecallAtKAccuracyCalculator:
-    """Calculator for ``metrics`` + ``recall_at_<K>``; PML's ``CustomKNN`` when faiss is missing.
+    """Calculator for ``metrics`` + ``recall_at_<K>``, its k-NN search chosen by
+    ``experiment.accuracy.knn_backend`` for ``device``.
 
     ``use_faiss=None`` picks faiss when it imports; with faiss absent PML's default ``FaissKNN``
-    would raise ``NameError``, so cosine-similarity ``CustomKNN`` is used instead (same
-    neighbours on L2-normalised embeddings). With faiss-gpu and a CUDA ``device`` the search runs
-    on that one GPU (PML's default would spread the index over every visible GPU); see
-    ``knn_backend``.
+    would raise ``NameError``, so cosine-similarity ``CustomKNN`` is used instead on the CPU
+    (same neighbours on L2-normalised embeddings). With faiss-gpu and a CUDA ``device`` the
+    search runs on that one GPU (PML's default would spread the index over every visible GPU);
+    on a CUDA ``device`` without faiss-gpu, :class:`~pml_rank_plugins.experiment.TorchKNN` runs
+    there. ``torch_knn=True`` forces it on any device (how it is tested on the CPU), ``False``
+    never uses it.
     """
     if use_faiss is None:
         use_faiss = faiss_available()
     include = tuple(metrics) + tuple(f"recall_at_{x}" for x in sorted(set(recall_at_k)))
     kwargs = {}
-    if not use_faiss:
+    backend = knn_backend(device, use_faiss, faiss_gpu_count() if use_faiss else 0)
+    if torch_knn or (torch_knn is None and backend == "torch"):
+        kwargs["knn_func"] = TorchKNN()
+        if not use_faiss:
+            kwargs["kmeans_func"] = _NoKMeans()
+    elif not use_faiss:
         kwargs["knn_func"] = CustomKNN(CosineSimilarity())
         kwargs["kmeans_func"] = _NoKMeans()
-    elif knn_backend(device, True, faiss_gpu_count()) == "faiss-gpu":
+    elif backend == "faiss-gpu":
         from pytorch_metric_learning.utils.inference import FaissKNN
 
         index = torch.device(device).index

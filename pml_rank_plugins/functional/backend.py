@@ -12,8 +12,12 @@ Backends:
   device, so CPU CI tests it.
 * ``triton``: a fused Triton kernel where the family has one (the soft-histogram AP losses),
   else the ``gpu`` path. Needs the ``triton`` package; on CPU it runs only under
-  ``TRITON_INTERPRET=1`` (for tests).
-* ``auto`` (the default): ``cpu`` for CPU tensors, ``gpu`` for any other device.
+  ``TRITON_INTERPRET=1`` (for tests). The fused kernels compute in float32: float16 / bfloat16
+  inputs are upcast, float64 is refused with a ``TypeError`` rather than silently rounded.
+* ``auto`` (the default): the fastest backend that is correct for the tensors (see
+  :func:`auto_backend`): ``cpu`` for CPU tensors; on CUDA ``triton`` where the package imports
+  and the dtype is float32, float16 or bfloat16, else ``gpu`` (so float64 under ``auto`` runs on
+  ``gpu`` and never errors); ``gpu`` on any other device.
 
 Selection, strongest first: a loss's ``backend=`` keyword, the innermost :func:`use_backend`
 context, the ``PML_RANK_BACKEND`` environment variable, ``auto``. A name outside
@@ -71,13 +75,39 @@ def requested_backend(backend: str | None = None) -> str:
     return check_backend(value.strip().lower(), ENV_VAR)
 
 
-def resolve_backend(device: torch.device | str, backend: str | None = None) -> str:
-    """The backend that runs for tensors on ``device``: ``cpu``, ``gpu`` or ``triton``
-    (``auto`` is ``cpu`` on the CPU and ``gpu`` elsewhere). O(1); reads no tensor."""
+# The dtypes the fused Triton kernels compute (float16 / bfloat16 are upcast to float32 inside).
+TRITON_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
+
+
+def auto_backend(device: torch.device | str, dtype: torch.dtype | None = None) -> str:
+    """What ``auto`` means for tensors of ``dtype`` on ``device``: ``cpu`` on the CPU; on CUDA
+    ``triton`` if the package imports (:func:`triton_available`) and ``dtype`` is in
+    :data:`TRITON_DTYPES`, else ``gpu``; ``gpu`` on any other device (``meta``, ``mps``, ...).
+    ``dtype=None`` (not known) is ``gpu`` on CUDA: the path that is correct for every dtype.
+    O(1); reads no tensor (a ``torch.device`` and a dtype are enough, which is how it is tested
+    on a machine without a GPU)."""
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return "cpu"
+    if kind == "cuda" and dtype in TRITON_DTYPES and triton_available():
+        return "triton"
+    return "gpu"
+
+
+def resolve_backend(
+    device: torch.device | str, backend: str | None = None, *, dtype: torch.dtype | None = None
+) -> str:
+    """The backend that runs for ``dtype`` tensors on ``device``: ``cpu``, ``gpu`` or ``triton``.
+
+    The requested one (:func:`requested_backend`) unless it is ``auto``, which is
+    :func:`auto_backend` ``(device, dtype)``. ``dtype`` is the embeddings' dtype; ``None`` (the
+    default, for callers that do not know it) never picks ``triton``. An explicit ``triton``
+    is returned whatever the dtype: the kernel refuses float64 itself, with a ``TypeError``
+    naming the cpu and gpu backends. O(1); reads no tensor."""
     name = requested_backend(backend)
     if name != "auto":
         return name
-    return "cpu" if torch.device(device).type == "cpu" else "gpu"
+    return auto_backend(device, dtype)
 
 
 @contextlib.contextmanager

@@ -11,10 +11,19 @@ from .chunk_threads import one_thread_apply
 
 
 def check_finite(tensor: torch.Tensor, name: str) -> None:
-    """Raise ``ValueError`` naming ``name`` if ``tensor`` holds NaN or inf. O(numel)."""
+    """Raise ``ValueError`` naming ``name``, the count and the first bad element if ``tensor``
+    holds NaN or inf, e.g. ``embeddings contains 2 non-finite value(s) (NaN or inf), the first
+    embeddings[3, 7] = nan``. O(numel)."""
     if not torch.isfinite(tensor).all():
-        bad = (~torch.isfinite(tensor)).sum().item()
-        raise ValueError(f"{name} contains {bad} non-finite value(s) (NaN or inf)")
+        bad = ~torch.isfinite(tensor)
+        count = bad.sum().item()
+        # Only once something is bad: the position costs a nonzero (a sync) on top.
+        first = torch.nonzero(bad)[0].tolist() if tensor.ndim else []
+        where = f"{name}[{', '.join(map(str, first))}]" if first else name
+        raise ValueError(
+            f"{name} contains {count} non-finite value(s) (NaN or inf), the first "
+            f"{where} = {tensor[tuple(first)].item()}"
+        )
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -290,3 +299,60 @@ def validate_indices_tuple(
         if len(set(lengths)) > 1:
             listed = ", ".join(f"indices_tuple[{k}] has {n}" for k, n in zip(group, lengths))
             raise ValueError(f"mismatched lengths: {listed} (they must be equal)")
+
+
+def clamp_indices_tuple(
+    indices_tuple, num_queries: int, num_refs: int
+) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor | None]:
+    """``(safe, out_of_range)``: an ``indices_tuple`` whose entries cannot index outside the rows,
+    for the backends that do not read index values back (``gpu`` / ``triton`` without
+    ``check_values``), and a 0-dim bool device tensor, True when an entry was out of range.
+
+    The structure is checked first (:func:`validate_indices_tuple` without values: the same
+    ``ValueError`` naming the element). Each anchor tensor is clamped into ``[0, num_queries)``,
+    each other one into ``[0, num_refs)``: an out-of-range index would otherwise reach an
+    indexing kernel (``IndexError`` on the CPU, a device-side assert on CUDA, which poisons the
+    process's CUDA context) and a negative one would silently wrap around. The caller makes the
+    loss NaN where ``out_of_range`` (:func:`flag_non_finite`), so the bad batch is not silently
+    trained on; ``check_values=True`` names the element. No host sync (``clamp``, ``any``),
+    traceable by ``torch.compile``; O(total number of indices). ``(None, None)`` for ``None``.
+    """
+    if indices_tuple is None:
+        return None, None
+    validate_indices_tuple(indices_tuple, num_queries, num_refs, check_values=False)
+    anchors = (0, 2) if len(indices_tuple) == 4 else (0,)
+    safe, flags = [], []
+    for k, idx in enumerate(indices_tuple):
+        limit = num_queries if k in anchors else num_refs
+        # With no row at all every entry is out of range; clamped to 0, never used (the losses
+        # return before indexing an empty batch or reference set).
+        clamped = idx.clamp(0, max(limit - 1, 0))
+        safe.append(clamped)
+        # An entry moved by the clamp was out of range (or there are no rows): 3 operators.
+        flags.append((clamped != idx).any() if limit else torch.ones_like(idx).bool().any())
+    return tuple(safe), torch.stack(flags).any()
+
+
+def clamp_self_index(
+    self_index: torch.Tensor, labels: torch.Tensor, ref_labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(safe, bad)``: an int64 ``(N,)`` ``self_index`` clamped into ``[0, M)`` and a 0-dim bool
+    device tensor, True when an entry was outside ``[0, M)`` or names a column whose label is
+    not the query's (what ``check_self_index`` refuses with ``check_values=True``). Same role
+    and cost model as :func:`clamp_indices_tuple`: no host sync, O(N)."""
+    m = len(ref_labels)
+    safe = self_index.clamp(0, max(m - 1, 0))
+    bad = (safe != self_index).any() if m else torch.ones_like(self_index).bool().any()
+    if m and len(self_index):
+        bad = bad | (ref_labels.to(labels.device)[safe].to(labels.dtype) != labels).any()
+    return safe, bad
+
+
+def flag_non_finite(loss, bad: torch.Tensor | None):
+    """``loss`` where ``bad`` is False, NaN (with a zero gradient) where it is True; ``loss`` as is
+    for ``bad=None``. A device-side ``where``: the host learns of it when it reads the loss, as
+    it learns of a NaN embedding, and ``check_values=True`` (or
+    :func:`pml_rank_plugins.losses.diagnose_non_finite`) names the cause."""
+    if bad is None or not isinstance(loss, torch.Tensor):
+        return loss
+    return torch.where(bad.to(loss.device), torch.full_like(loss, float("nan")), loss)

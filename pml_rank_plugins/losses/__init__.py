@@ -1,6 +1,7 @@
 """PML losses."""
 
 from .cross_batch_memory import CrossBatchMemory
+from .diagnosis import diagnose_non_finite
 from .fastap import FastAPLoss
 from .quantized_ap import QuantizedAPLoss
 from .ranked_list import RankedListLoss
@@ -12,4 +13,5 @@ __all__ = [
     "QuantizedAPLoss",
     "RankedListLoss",
     "SelfSupervisedLoss",
+    "diagnose_non_finite",
 ]

@@ -157,7 +157,7 @@ class HistogramAPLoss(SelfIndexForward, BaseMetricLossFunction):
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, self_index=None):
         device = embeddings.device
-        backend = call_backend(device, self.backend)
+        backend = call_backend(device, self.backend, embeddings.dtype)
         # Under torch.autocast the products would run in bfloat16/float16: everything here is
         # computed in float32 (or the embeddings' float64) instead.
         if backend != "cpu":

@@ -28,14 +28,17 @@ PML_EFFICIENT_WARNING = (
 _CONCRETE_BACKENDS = frozenset({"cpu", "gpu", "triton"})
 
 
-def call_backend(device: torch.device, backend: str | None) -> str:
-    """The backend a loss call runs on: ``resolve_backend(device, backend)``, except that a
+def call_backend(
+    device: torch.device, backend: str | None, dtype: torch.dtype | None = None
+) -> str:
+    """The backend a loss call runs on: ``resolve_backend(device, backend, dtype=dtype)``
+    (``dtype``: the embeddings', which decides ``auto`` on CUDA), except that a
     concrete ``backend`` keyword (checked when the loss was built) is returned as is. Same
     result; it skips ``check_backend``, which looks the triton package up on disk on every call
     (``importlib.util.find_spec``, ~90 us of host time) for ``backend="triton"``."""
     if backend in _CONCRETE_BACKENDS:
         return backend
-    return resolve_backend(device, backend)
+    return resolve_backend(device, backend, dtype=dtype)
 
 
 def loss_dtype(embeddings: torch.Tensor) -> torch.dtype | None:

@@ -240,7 +240,7 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         # The glue around the kernel on one torch thread too (chunk_threads.one_torch_thread).
         device = embeddings.device
         glue = glue_elements(embeddings, ref_emb, dense_pairs=indices_tuple is not None)
-        backend = call_backend(device, self.backend)
+        backend = call_backend(device, self.backend, embeddings.dtype)
         if backend != "cpu":
             values = checks_values(backend, self.check_values)
             with autocast_off(device.type), one_torch_thread(device, glue):

@@ -20,6 +20,8 @@ from ..functional.validation import (
     check_label_values,
     check_labels,
     check_ref_labels_pairing,
+    clamp_self_index,
+    flag_non_finite,
     prepare_embeddings,
 )
 from ..utils.loss_and_miner_utils import (
@@ -176,23 +178,27 @@ class RankedListMiner(BaseMiner):
             raise ValueError("RankedListMiner needs labels (and ref_labels with ref_emb)")
         check_labels(labels, "labels")
         check_labels(ref_labels, "ref_labels")
-        backend = resolve_backend(embeddings.device, self.backend)
+        backend = resolve_backend(embeddings.device, self.backend, dtype=embeddings.dtype)
         values = checks_values(backend, self.check_values)
         # NaN / inf / fractional labels, on every backend as the losses do (check_loss_labels):
         # integer labels are not read at all, float ones once (this miner reads counts back
         # anyway, so no sync-free path is lost).
         check_label_values(labels, "labels")
         check_label_values(ref_labels, "ref_labels")
+        bad = None
         if self_index is not None:
             self_index = check_self_index(self_index, labels, ref_labels, check_values=values)
+            if not values:  # out of range or another label: NaN weights, no sync (the losses')
+                self_index, bad = clamp_self_index(self_index, labels, ref_labels)
         # Under torch.autocast the distance product would run in low precision: mine in float32.
         # On one torch thread around the chunks (see chunk_threads.one_torch_thread).
         device, glue = embeddings.device, glue_elements(embeddings, ref_emb)
         with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):
             if backend != "cpu":
-                return sync_free_mine(
+                pairs = sync_free_mine(
                     self, embeddings, labels, ref_emb, ref_labels, self_index, values
                 )
+                return WeightedPairs(*pairs, weights=flag_non_finite(pairs.weights, bad))
             return self._mine(embeddings, labels, ref_emb, ref_labels, self_index)
 
     def _mine(self, embeddings, labels, ref_emb, ref_labels, self_index=None) -> WeightedPairs:

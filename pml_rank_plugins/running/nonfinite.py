@@ -17,6 +17,16 @@ a learning-rate blow-up, with finite losses) is never saved as ``latest.pt``; an
 :meth:`NonFiniteCheck.watch` keeps the last embeddings so that a loss that raises on non-finite
 input (FastAP, QuantizedAP) is reported by :meth:`NonFiniteCheck.explain` as non-finite
 embeddings at that epoch and iteration.
+
+On the ``gpu`` / ``triton`` backends the losses read no input value back (no host sync), so a
+NaN embedding or an out-of-range index (clamped on the device) gives a NaN loss rather than an
+error. :meth:`NonFiniteCheck.watch_losses` keeps the arguments of the latest call of every loss
+and miner of this package (references, no copy); once a loss is non-finite, the check replays
+those calls with ``check_values=True``
+(:func:`pml_rank_plugins.losses.diagnosis.replay_with_checks`) and the error names the cause as
+the ``cpu`` backend would, e.g. ``... check the data. Cause (the batch replayed with check_values=True):
+FastAPLoss: embeddings contains 1 non-finite value(s) (NaN or inf), the first embeddings[2, 1] =
+nan``. The replay runs only after a non-finite loss: no cost per iteration.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import torch
+
+from ..losses.diagnosis import replay_with_checks, value_checked_modules
 
 
 class NonFiniteError(RuntimeError):
@@ -51,7 +63,46 @@ class NonFiniteCheck:
     def __init__(self, chained: Callable | None = None):
         self.chained = chained
         self.embeddings: torch.Tensor | None = None
+        self.calls: dict[torch.nn.Module, tuple] = {}
         self.start_epoch()
+
+    def watch_losses(self, *groups: dict | None) -> None:
+        """Keep the arguments of the latest call of every module with a ``check_values`` switch
+        (this package's losses and miners, also inside ``CrossBatchMemory`` or a wrapper) among
+        the values of ``groups`` (e.g. the trainer's ``loss_funcs`` and ``mining_funcs``), in
+        call order, for :meth:`diagnose`. Tensors are kept detached (no graph, no copy).
+
+        Positional arguments only: a hook that also takes the keywords
+        (``with_kwargs=True``) adds an int-keyed dict to the module, which PML's logging hook
+        records as a series and its ``record_keeper`` then fails to sort. The keyword the
+        trainers' calls carry is ``CrossBatchMemory``'s ``self_index`` (a slot per query of
+        the batch it just wrote, valid by construction): its replay ranks the batch against the
+        whole memory, which checks the same embeddings and indices."""
+        modules = {
+            id(module): module
+            for group in groups
+            for owner in (group or {}).values()
+            for module in value_checked_modules(owner)
+        }
+        for module in modules.values():
+            module.register_forward_pre_hook(self._keeper())
+
+    def _keeper(self) -> Callable:
+        def keep(module, args) -> None:
+            self.calls.pop(module, None)  # re-inserted: the dict's order is the call order
+            self.calls[module] = tuple(_detached(a) for a in args)
+
+        return keep
+
+    def diagnose(self) -> str | None:
+        """The first failing value check of the kept calls replayed with ``check_values=True``
+        (``"<class>: <message>"``), or ``None`` when every input passes. Syncs: call it only
+        once something is non-finite."""
+        for module, args in list(self.calls.items()):
+            cause = replay_with_checks(module, args, {})
+            if cause is not None:
+                return cause
+        return None
 
     def watch(self, module: torch.nn.Module) -> None:
         """Keep ``module``'s latest output (detached: no graph is kept) for :meth:`explain`."""
@@ -86,13 +137,25 @@ class NonFiniteCheck:
         return float(self.epoch_loss_sum) / self.epoch_iterations
 
     def __call__(self, trainer) -> None:
-        check(trainer)
+        try:
+            check(trainer)
+        except NonFiniteError as error:
+            cause = self.diagnose()
+            if cause is None:
+                raise
+            raise NonFiniteError(
+                f"{error}. Cause (the batch replayed with check_values=True): {cause}"
+            ) from error
         total = trainer.losses.get("total_loss")
         if isinstance(total, torch.Tensor):
             self.epoch_loss_sum = self.epoch_loss_sum + total.detach().double()
             self.epoch_iterations += 1
         if self.chained is not None:
             self.chained(trainer)
+
+
+def _detached(value):
+    return value.detach() if isinstance(value, torch.Tensor) else value
 
 
 def _where(trainer) -> str:

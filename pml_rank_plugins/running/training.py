@@ -195,6 +195,7 @@ class EpochLoop:
             chained = self.hooks.end_of_iteration_hook if self.main else None
             self.check = nonfinite.NonFiniteCheck(chained=chained)
             self.check.watch(self.exp.models["embedder"])  # the embeddings the losses get
+            self.check.watch_losses(self.exp.loss_funcs, self.exp.mining_funcs)  # to replay
             self.trainer = builder.make_trainer(self.exp, end_of_iteration_hook=self.check)
 
     def first_epoch(self) -> int:

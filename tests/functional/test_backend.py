@@ -26,7 +26,52 @@ def test_auto_picks_by_device():
     assert requested_backend() == "auto"
     assert resolve_backend("cpu") == "cpu"
     assert resolve_backend(torch.device("meta")) == "gpu"
-    assert resolve_backend("cuda:0") == "gpu"
+    assert resolve_backend("cuda:0") == "gpu"  # dtype not known: the path correct for any dtype
+
+
+CUDA = torch.device("cuda", 0)  # a device object only: no tensor, so no GPU is needed
+FUSED = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", FUSED + [torch.float64])
+@pytest.mark.parametrize("has_triton", [True, False])
+def test_auto_on_cuda_is_triton_for_the_fused_dtypes_else_gpu(monkeypatch, dtype, has_triton):
+    monkeypatch.setattr(backend_module, "triton_available", lambda: has_triton)
+    expected = "triton" if has_triton and dtype in FUSED else "gpu"
+    assert resolve_backend(CUDA, dtype=dtype) == expected
+    assert resolve_backend("cuda", None, dtype=dtype) == expected
+    with use_backend("auto"):
+        assert resolve_backend(CUDA, dtype=dtype) == expected
+    # the CPU and other devices do not depend on the dtype or on triton
+    assert resolve_backend("cpu", dtype=dtype) == "cpu"
+    assert resolve_backend(torch.device("meta"), dtype=dtype) == "gpu"
+
+
+@pytest.mark.parametrize("dtype", FUSED + [torch.float64])
+def test_an_explicit_backend_is_kept_whatever_the_dtype(monkeypatch, dtype):
+    monkeypatch.setattr(backend_module, "triton_available", lambda: True)
+    for name in ("cpu", "gpu", "triton"):
+        assert resolve_backend(CUDA, name, dtype=dtype) == name
+    monkeypatch.setenv(ENV_VAR, "gpu")
+    assert resolve_backend(CUDA, dtype=dtype) == "gpu"
+
+
+def test_an_explicit_triton_with_float64_is_a_clear_error():
+    from pml_rank_plugins.losses import FastAPLoss
+
+    emb = torch.randn(8, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match="float64.*use the cpu or gpu backend for float64"):
+        FastAPLoss(backend="triton")(emb, torch.arange(8) % 2)
+
+
+def test_the_losses_pass_the_embeddings_dtype_to_the_rule(monkeypatch):
+    # auto on a (pretended) CUDA device: float64 embeddings get gpu, float32 ones triton.
+    from pml_rank_plugins.losses import loss_output
+
+    monkeypatch.setattr(backend_module, "triton_available", lambda: True)
+    assert loss_output.call_backend(CUDA, None, torch.float64) == "gpu"
+    assert loss_output.call_backend(CUDA, None, torch.float32) == "triton"
+    assert loss_output.call_backend(CUDA, "gpu", torch.float32) == "gpu"
 
 
 def test_env_var_context_and_keyword_in_order(monkeypatch):
@@ -114,3 +159,21 @@ def test_value_checks_default_on_cpu_only():
 
     assert checks_values("cpu") and not checks_values("gpu") and not checks_values("triton")
     assert checks_values("gpu", True) and not checks_values("cpu", False)
+
+
+@pytest.mark.parametrize("name", ["FastAPLoss", "QuantizedAPLoss", "RankedListLoss", "Miner"])
+def test_every_loss_and_the_miner_ask_the_rule_with_their_embeddings_dtype(monkeypatch, name):
+    from pml_rank_plugins import losses
+    from pml_rank_plugins.miners import RankedListMiner
+
+    asked = []
+
+    def recording(device, dtype=None):
+        asked.append((torch.device(device).type, dtype))
+        return "cpu"
+
+    monkeypatch.setattr(backend_module, "auto_backend", recording)
+    make = RankedListMiner if name == "Miner" else getattr(losses, name)
+    emb = torch.randn(8, 4, dtype=torch.float64)
+    make()(emb, torch.arange(8) % 2)
+    assert asked and set(asked) == {("cpu", torch.float64)}

@@ -162,3 +162,104 @@ def test_check_labels_names_the_fix_that_works_for_the_labels_given(labels, fix)
     assert fix in str(err.value)
     other = "torch.as_tensor" if fix == "encode_labels" else "encode_labels"
     assert other not in str(err.value)
+
+
+def test_check_finite_names_the_count_and_the_first_bad_element():
+    from pml_rank_plugins.functional.validation import check_finite
+
+    x = torch.zeros(3, 4)
+    x[1, 2], x[2, 0] = float("inf"), float("nan")
+    with pytest.raises(
+        ValueError, match=r"^ref_emb contains 2 non-finite .* ref_emb\[1, 2\] = inf$"
+    ):
+        check_finite(x, "ref_emb")
+    with pytest.raises(ValueError, match=r"w contains 1 .*the first w\[0\] = nan"):
+        check_finite(torch.tensor([float("nan"), 1.0]), "w")
+    check_finite(torch.ones(2, 2), "fine")
+
+
+def _clamp_reference(indices_tuple, n, m):
+    """Loops: each entry moved into [0, limit) and whether any entry was outside."""
+    anchors = (0, 2) if len(indices_tuple) == 4 else (0,)
+    safe, bad = [], False
+    for k, idx in enumerate(indices_tuple):
+        limit = n if k in anchors else m
+        values = [min(max(int(v), 0), max(limit - 1, 0)) for v in idx.tolist()]
+        bad = bad or any(not 0 <= int(v) < limit for v in idx.tolist())
+        safe.append(values)
+    return safe, bad
+
+
+CLAMP_CASES = [
+    (([0, 1], [2, 3], [0], [5]), 4, 6),  # all in range
+    (([0, 4], [2, 3], [0], [5]), 4, 6),  # an anchor = N
+    (([0, 1], [2, -3], [0], [5]), 4, 6),  # a negative reference index
+    (([0, 1], [2, 3], [0], [6]), 4, 6),  # a negative = M
+    (([0], [1], [9]), 4, 6),  # triplets
+    (([0], [1], [0], [0]), 4, 0),  # no reference row: every entry is out of range
+    (([], [], [], []), 4, 0),  # nothing given: nothing out of range
+]
+
+
+@pytest.mark.parametrize("entries, n, m", CLAMP_CASES)
+def test_clamp_indices_tuple_equals_the_loop(entries, n, m):
+    from pml_rank_plugins.functional.validation import clamp_indices_tuple
+
+    tup = tuple(torch.tensor(e, dtype=torch.long) for e in entries)
+    expected, expected_bad = _clamp_reference(tup, n, m)
+    safe, bad = clamp_indices_tuple(tup, n, m)
+    assert [t.tolist() for t in safe] == expected and bool(bad) == expected_bad
+
+
+def test_clamp_indices_tuple_compiles_fullgraph_and_equals_eager():
+    # one compiled function for the four cases of one shape (a compile costs ~0.5 s; the first
+    # in a process several seconds)
+    from pml_rank_plugins.functional.validation import clamp_indices_tuple
+
+    torch._dynamo.reset()
+    compiled = torch.compile(clamp_indices_tuple, backend="aot_eager", fullgraph=True)
+    for entries, n, m in CLAMP_CASES[:4]:
+        tup = tuple(torch.tensor(e, dtype=torch.long) for e in entries)
+        expected, expected_bad = _clamp_reference(tup, n, m)
+        safe, bad = compiled(tup, n, m)
+        assert [t.tolist() for t in safe] == expected and bool(bad) == expected_bad
+    torch._dynamo.reset()
+
+
+def test_clamp_indices_tuple_keeps_the_structure_errors():
+    from pml_rank_plugins.functional.validation import clamp_indices_tuple
+
+    assert clamp_indices_tuple(None, 4, 4) == (None, None)
+    with pytest.raises(ValueError, match=r"indices_tuple\[1\] \(positives\) must hold integer"):
+        clamp_indices_tuple((torch.tensor([0]), torch.tensor([0.5]), torch.tensor([1])), 4, 4)
+
+
+SELF_INDEX_CASES = [
+    ([0, 1, 2, 3], False),
+    ([0, 1, 2, 9], True),  # past the M = 6 columns
+    ([-1, 1, 2, 3], True),  # negative
+    ([0, 1, 2, 2], True),  # column 2 holds label 0, query 3 has label 1
+]
+
+
+def test_clamp_self_index_flags_range_and_label_and_flag_non_finite_compiles():
+    from pml_rank_plugins.functional.validation import clamp_self_index, flag_non_finite
+
+    labels, ref_labels = torch.tensor([0, 1, 0, 1]), torch.tensor([0, 1, 0, 1, 0, 1])
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda i, x: flag_non_finite(x, clamp_self_index(i, labels, ref_labels)[1]),
+        backend="aot_eager",
+        fullgraph=True,
+    )
+    for self_index, bad in SELF_INDEX_CASES:
+        index = torch.tensor(self_index)
+        safe, flag = clamp_self_index(index, labels, ref_labels)
+        assert safe.tolist() == [min(max(i, 0), 5) for i in self_index] and bool(flag) == bad
+        loss = torch.tensor(0.25, requires_grad=True)
+        for out in (flag_non_finite(loss, flag), compiled(index, loss)):
+            assert bool(torch.isnan(out)) == bad and (bad or float(out.detach()) == 0.25)
+            (grad,) = torch.autograd.grad(out, loss)
+            assert float(grad) == (0.0 if bad else 1.0)  # a flagged loss gets a zero gradient
+    torch._dynamo.reset()
+    assert flag_non_finite(loss, None) is loss

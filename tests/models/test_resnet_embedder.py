@@ -95,8 +95,10 @@ def test_a_weights_file_is_assigned_without_drawing_a_random_init(tmp_path, monk
     net = model.trunk.net if cls == "ResNetEmbedder" else model.body.net
     tensors = dict(net.named_parameters()) | dict(net.named_buffers())
     assert not any(t.is_meta for t in tensors.values())
-    # the file's tensors, loaded on the CPU (map_location="cpu"; state is on the test device)
-    same = (torch.equal(tensors[k], v.cpu()) for k, v in state.items() if not k.startswith("fc."))
+    # the file's tensors, loaded onto torch's default device (the test device, where `state`
+    # was made too): the model is where one built without the file would be
+    assert {t.device.type for t in tensors.values()} == {TEST_DEVICE.type}
+    same = (torch.equal(tensors[k], v) for k, v in state.items() if not k.startswith("fc."))
     assert all(same)
     assert all(p.requires_grad and isinstance(p, torch.nn.Parameter) for p in net.parameters())
     model.to(TEST_DEVICE)  # in place: net's parameters stay the module's parameters

@@ -95,3 +95,66 @@ def test_hook_chains_and_averages_the_epoch_loss():
     with pytest.raises(NonFiniteError):
         hook(fake_trainer(loss=float("inf")))
     assert len(seen) == 3  # the logging hook never records a non-finite iteration
+
+
+def replaying_check():
+    """A NonFiniteCheck watching a gpu-backend FastAP loss (value checks off), and that loss."""
+    from pml_rank_plugins.losses import FastAPLoss
+
+    loss_func = FastAPLoss(num_bins=5, backend="gpu")
+    hook = NonFiniteCheck()
+    hook.watch_losses({"metric_loss": loss_func}, None)
+    return hook, loss_func
+
+
+def trainer_with(loss):
+    trainer = fake_trainer()
+    trainer.losses = {"metric_loss": loss.detach(), "total_loss": loss.detach()}
+    return trainer
+
+
+def test_a_nan_loss_on_gpu_is_replayed_with_value_checks_and_names_the_cause():
+    hook, loss_func = replaying_check()
+    emb, labels = torch.randn(8, 4), torch.arange(8) % 2
+    emb[2, 1] = float("nan")
+    loss = loss_func(emb, labels)  # no error on gpu without check_values: a NaN loss
+    with pytest.raises(NonFiniteError) as caught:
+        hook(trainer_with(loss))
+    message = str(caught.value)
+    assert message.startswith("non-finite loss at epoch 3, iteration 5 of 10: metric_loss=nan")
+    assert (
+        "Cause (the batch replayed with check_values=True): FastAPLoss: embeddings contains 1 "
+        "non-finite value(s) (NaN or inf), the first embeddings[2, 1] = nan" in message
+    )
+    assert loss_func.check_values is None  # restored after the replay
+
+
+def test_an_out_of_range_index_is_named_by_the_replay():
+    hook, loss_func = replaying_check()
+    emb, labels = torch.randn(8, 4), torch.arange(8) % 2
+    pairs = tuple(torch.tensor([i]) for i in (0, 2, 0, 40))
+    loss = loss_func(emb, labels, pairs)  # clamped on the device, the loss flagged NaN
+    with pytest.raises(NonFiniteError, match=r"indices_tuple\[3\] \(negatives\) has index 40"):
+        hook(trainer_with(loss))
+
+
+def test_valid_inputs_keep_the_plain_message_and_the_latest_call_is_replayed():
+    hook, loss_func = replaying_check()
+    bad = torch.randn(8, 4)
+    bad[0, 0] = float("inf")
+    loss_func(bad, torch.arange(8) % 2)
+    loss_func(torch.randn(8, 4), torch.arange(8) % 2)  # the latest call: valid inputs
+    with pytest.raises(NonFiniteError) as caught:
+        hook(trainer_with(torch.tensor(float("nan"))))
+    assert "Cause" not in str(caught.value)
+    hook(trainer_with(torch.tensor(1.0)))  # finite: nothing replayed, nothing raised
+
+
+def test_a_training_run_on_the_gpu_backend_names_the_non_finite_embeddings(tmp_path):
+    loss = {"pml_rank_plugins.FastAPLoss": {"backend": "gpu"}}
+    with pytest.raises(
+        NonFiniteError,
+        match=r"non-finite loss at epoch 1, .*Cause \(the batch replayed with check_values=True\)"
+        r": FastAPLoss: embeddings contains \d+ non-finite value",
+    ):
+        runner.train(diverging(loss), tmp_path / "run")

@@ -51,7 +51,11 @@ def pair_histograms(
     # A resolved name (what the losses pass) is used as is: check_backend("triton") looks the
     # package up on disk (importlib.util.find_spec, ~90 us a call); anything else is resolved
     # and checked.
-    name = backend if backend in _RESOLVED else resolve_backend(queries.device, backend)
+    name = (
+        backend
+        if backend in _RESOLVED
+        else resolve_backend(queries.device, backend, dtype=queries.dtype)
+    )
     if name == "cpu":
         return cpu.pair_histograms(
             queries, refs, categories, offset, scale, num_intervals, chunk_size

@@ -257,7 +257,14 @@ def test_sync_free_normalize_equals_the_host_one_values_and_gradients():
             value = fn(x1)
             (g,) = torch.autograd.grad(value, x1, upstream)
         out.append((value, g))
-    assert torch.equal(out[0][0], out[1][0])
+    if x.device.type == "cpu":
+        assert torch.equal(out[0][0], out[1][0])
+    else:
+        # CUDA's float64 norm kernel rounds the power-of-two-scaled rows (every row with a
+        # max-abs >= 1 here, only the overflowing one there) a few ulps differently: the
+        # values agree to rounding, not bit for bit (first CUDA run of the suite, issue 49).
+        torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-14, atol=0)
+    assert torch.all(out[0][0][1] == 0) and torch.all(out[1][0][1] == 0)  # the zero row, exactly
     torch.testing.assert_close(out[0][1], out[1][1], rtol=1e-12, atol=1e-300)
     assert torch.all(out[0][1][[1, 3]] == 0)
     x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
