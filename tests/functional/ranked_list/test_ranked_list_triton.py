@@ -238,6 +238,23 @@ def _non_finite():
     return dict(case="non_finite_embedding_nan_loss", ok=ok, losses=losses)
 
 
+def _bad_indices():
+    """Out-of-range ``indices_tuple`` and ``self_index`` entries on triton are clamped on the
+    device and the loss made NaN (issue 49: never a device-side assert), as on gpu."""
+    gen = torch.Generator().manual_seed(11)
+    x, y = torch.randn(12, 8, generator=gen), torch.arange(12) % 3
+    pairs = tuple(torch.tensor([i]) for i in (0, 3, 1, 40))  # negative index 40 of 12
+    index = torch.arange(12)
+    index[3] = 17  # a memory column that does not exist
+    losses = [
+        float(RankedListLoss(backend="triton")(x, y, indices_tuple=pairs)),
+        float(RankedListLoss(backend="triton")(x, y, ref_emb=x, ref_labels=y, self_index=index)),
+        float(RankedListLoss(backend="triton")(x, y)),  # the valid call stays finite
+    ]
+    ok = losses[0] != losses[0] and losses[1] != losses[1] and losses[2] == losses[2]
+    return dict(case="bad_indices_nan_loss", ok=ok, losses=losses)
+
+
 @contextlib.contextmanager
 def _cuda_like_glue():
     """``one_torch_thread`` as on CUDA, where it is a no-op: on CPU it reads
@@ -324,6 +341,7 @@ def cases():
         "deterministic": _deterministic,
         "float16_upcast": _half_inputs,
         "non_finite_embedding_nan_loss": _non_finite,
+        "bad_indices_nan_loss": _bad_indices,
         "compiled_fullgraph_aot_eager": _compiled,
         "opcheck": _opcheck,
         "graph_safe_triton": _graph_safe,
