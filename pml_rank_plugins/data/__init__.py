@@ -4,9 +4,10 @@ from . import splits
 from .cars196 import Cars196
 from .cub import CUB200
 from .glyphs import GlyphDataset
+from .image_folder import ImageFolderDataset
 from .images import DatasetFormatError, ImageListDataset
 from .inshop import InShopClothes
-from .labels import CATEGORY, CLASS, UNLABELED, as_two_level
+from .labels import CATEGORY, CLASS, UNLABELED, as_two_level, encode_labels, label_names
 from .landmarks import LandmarksList
 from .matfile import MatFileError, load_mat
 from .omniglot import OmniglotDataset
@@ -29,6 +30,7 @@ __all__ = [
     "Cars196",
     "DatasetFormatError",
     "GlyphDataset",
+    "ImageFolderDataset",
     "ImageListDataset",
     "InShopClothes",
     "LabeledSubset",
@@ -42,7 +44,9 @@ __all__ = [
     "as_two_level",
     "class_disjoint_kfold",
     "class_disjoint_split",
+    "encode_labels",
     "first_half_split",
+    "label_names",
     "load_mat",
     "mlrc_protocol",
     "query_gallery_split",

@@ -200,6 +200,15 @@ def _user_allowed(where: str) -> tuple[str, ...]:
         raise UnknownNameError(f"{where}{e}") from None
 
 
+# torchvision's datasets give no .labels: a folder of class sub-folders (its ImageFolder layout)
+# is read by the plugin's ImageFolderDataset, which does.
+DATASETS_HINT = (
+    ". For a folder with one sub-folder per class (torchvision's ImageFolder layout) use "
+    "ImageFolderDataset: {root: DIR} (category_folders: true for DIR/<category>/<class>/), "
+    "which gives the (N, 2) labels the samplers and trainers need"
+)
+
+
 def check_path(name: str, module_name: str, where: str) -> None:
     """Refuse a dotted path whose module is outside the namespaces, before importing it."""
     if is_under(module_name, DENIED_MODULES):
@@ -212,6 +221,7 @@ def check_path(name: str, module_name: str, where: str) -> None:
         raise UnknownNameError(
             f"{where}{name!r} is not allowed: module {module_name!r} is outside the namespaces a "
             f"config may name ({', '.join(_SHORT_NAMESPACES)}); {ALLOW_HINT}"
+            + (DATASETS_HINT if is_under(module_name, ("torchvision.datasets",)) else "")
         )
 
 

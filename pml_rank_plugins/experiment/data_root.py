@@ -1,6 +1,6 @@
 """Where data and weights files live: ``data_root`` (``--data-root DIR`` / ``PML_RANK_DATA``).
 
-A config's file paths (dataset ``root`` / ``path`` / ``list_file`` keywords and model
+A config's file paths (dataset ``root`` / ``path`` / ``list_file`` / ``category_file`` keywords and model
 ``weights_path`` keywords) may be relative. They are resolved against the config's top-level
 ``data_root`` when it is set (the CLI fills it from ``--data-root`` or, failing that, from the
 ``PML_RANK_DATA`` environment variable), otherwise against the current directory. Absolute paths
@@ -23,7 +23,7 @@ from . import registry
 from .schema import ConfigError, is_object_spec, spec_name_and_kwargs
 
 ENV_VAR = "PML_RANK_DATA"
-PATH_KEYWORDS = ("root", "path", "list_file")
+PATH_KEYWORDS = ("root", "path", "list_file", "category_file")
 WEIGHTS_KEYWORDS = ("weights_path",)
 
 # Dataset class -> (folder under the data root that the shipped configs use, what it must hold,

@@ -109,7 +109,12 @@ def build_dataset(config: dict, spec: Any, where: str, transform=None):
     injected = {"transform": transform} if transform is not None else {}
     dataset = build_object(spec, where, **injected)
     if not hasattr(dataset, "labels"):
-        raise ConfigError(f"{where}: the dataset must expose .labels, the (N, 2) label array")
+        raise ConfigError(
+            f"{where}: the dataset must expose .labels, the (N, 2) [class, category] label array "
+            "(pml_rank_plugins.data.as_two_level builds it; string labels: encode_labels). For a "
+            "folder with one sub-folder per class use ImageFolderDataset: {root: DIR}; for a list "
+            "of 'path label' lines, LandmarksList: {root: DIR, list_file: FILE}"
+        )
     return dataset
 
 

@@ -44,6 +44,11 @@ def check_labels(labels: torch.Tensor, name: str = "labels") -> None:
     a 0-D (scalar) tensor, which failed with ``IndexError: tuple index out of range`` (a shape
     check: no device sync). ``None`` passes."""
     if labels is not None and not isinstance(labels, torch.Tensor):
+        if _holds_non_numbers(labels):  # torch.as_tensor would raise on them: name the encoder
+            raise TypeError(
+                f"{name} must be a torch.Tensor of integer class ids, got a "
+                f"{type(labels).__name__} of {_first_type(labels)} labels; {ENCODE_HINT}"
+            )
         raise TypeError(
             f"{name} must be a torch.Tensor of class ids, got {type(labels).__name__}; "
             f"pass torch.as_tensor({name})"
@@ -57,6 +62,34 @@ def check_labels(labels: torch.Tensor, name: str = "labels") -> None:
             f"{name} has dtype torch.bool; labels are class ids: pass an integer tensor "
             f"(e.g. {name}.long() if True/False really are the two classes)"
         )
+
+
+# The dotted path only: functional/ sits below data/ in the layout and may not import it.
+ENCODE_HINT = (
+    "encode them with codes, names = pml_rank_plugins.data.encode_labels(labels) and pass "
+    "codes (ids 0..C-1 in sorted order of the labels; names[id] is the label)"
+)
+
+
+def _flat_first(labels):
+    """The first element of a (possibly nested) list/tuple/array, or ``None`` when empty."""
+    while isinstance(labels, (list, tuple, np.ndarray)):
+        if len(labels) == 0:
+            return None
+        labels = labels[0]
+    return labels
+
+
+def _holds_non_numbers(labels) -> bool:
+    """Whether ``labels`` (a list, tuple or array) holds strings or other non-numbers."""
+    if isinstance(labels, np.ndarray) and labels.dtype.kind in "biuf":
+        return False
+    first = _flat_first(labels)
+    return first is not None and not isinstance(first, (int, float, np.number, bool))
+
+
+def _first_type(labels) -> str:
+    return type(_flat_first(labels)).__name__
 
 
 def check_label_values(labels: torch.Tensor | None, name: str = "labels") -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pml_rank_plugins.experiment.allowlist import is_under, is_under_cached
+from pml_rank_plugins.experiment.allowlist import UnknownNameError, is_under, is_under_cached
+from pml_rank_plugins.experiment.registry import resolve
 
 CASES = [
     ("torch", ("torch",), True),  # the module itself
@@ -30,3 +31,13 @@ def test_the_cached_twin_takes_tuples_only():
     assert is_under("a.b", ["a"])  # any iterable
     with pytest.raises(TypeError, match="unhashable"):
         is_under_cached("a.b", ["a"])
+
+
+def test_torchvisions_image_folder_refusal_points_to_image_folder_dataset():
+    # issue 50: the refusal named no reader that works for a folder of class sub-folders
+    with pytest.raises(UnknownNameError, match="outside the namespaces") as err:
+        resolve("torchvision.datasets.ImageFolder", "dataset")
+    assert "ImageFolderDataset: {root: DIR}" in str(err.value)
+    with pytest.raises(UnknownNameError) as other:  # another module: no dataset advice
+        resolve("numpy.random.default_rng", "split")
+    assert "ImageFolderDataset" not in str(other.value)

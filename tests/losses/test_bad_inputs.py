@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from pml_rank_plugins.data import encode_labels
 from pml_rank_plugins.losses import FastAPLoss, QuantizedAPLoss, RankedListLoss
 from pml_rank_plugins.miners import RankedListMiner
 
@@ -108,3 +109,18 @@ def test_labels_that_are_not_a_tensor_name_the_fix(cls, make):
             ref_emb=torch.randn(4, 4),
             ref_labels=make([0, 1, 2, 3]),
         )
+
+
+@pytest.mark.parametrize("make", [list, np.asarray], ids=["list", "numpy"])
+@pytest.mark.parametrize("cls", [FastAPLoss, QuantizedAPLoss, RankedListLoss, RankedListMiner])
+def test_string_labels_name_encode_labels(cls, make):
+    # issue 50: the advice was "pass torch.as_tensor(labels)", which raises on strings
+    labels = make(["cat", "cat", "dog", "dog"])
+    with pytest.raises(TypeError, match=r"list of str labels|ndarray of str_ labels") as err:
+        cls()(torch.randn(4, 4), labels)
+    assert "pml_rank_plugins.data.encode_labels(labels)" in str(err.value)
+    assert "as_tensor" not in str(err.value)
+    codes, _ = encode_labels(labels)  # the route the message names works
+    assert codes.tolist() == [0, 0, 1, 1]
+    out = cls()(torch.randn(4, 4), codes)
+    assert (out[0] if cls is RankedListMiner else out).isfinite().all()

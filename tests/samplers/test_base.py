@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from pml_rank_plugins.data import encode_labels
 from pml_rank_plugins.samplers import (
     CategoryHardSampler,
     LabeledUnlabeledSampler,
@@ -134,3 +135,25 @@ def test_load_state_dict_checks_its_input():
         sampler.load_state_dict({"epoch": 1})
     with pytest.raises(ValueError, match=r"seed 3, but this sampler.s seed is 2"):
         sampler.load_state_dict({"seed": 3, "epoch": 1})
+
+
+@pytest.mark.parametrize("name", ["category_hard", "random_class", "labeled_unlabeled"])
+def test_string_labels_name_encode_labels(name):
+    # issue 50: a raw numpy TypeError ("ufunc 'remainder' not supported ...") before
+    classes = np.repeat(np.array(["cat", "dog", "owl", "emu"]), 4)
+    categories = np.repeat(np.array(["pet", "pet", "bird", "bird"]), 4)
+    cls = {
+        "category_hard": CategoryHardSampler,
+        "random_class": RandomClassSampler,
+        "labeled_unlabeled": LabeledUnlabeledSampler,
+    }[name]
+    with pytest.raises(TypeError, match="labels hold str values such as 'cat'.*encode_labels"):
+        cls(classes, batch_size=4, categories=categories)
+    codes, _ = encode_labels(classes)
+    with pytest.raises(TypeError, match="categories hold str values such as 'pet'.*encode_labels"):
+        cls(codes, batch_size=4, categories=categories)
+    category_codes, category_names = encode_labels(categories)
+    if name == "labeled_unlabeled":  # it needs unlabeled items (category -1): the birds
+        category_codes[category_codes == category_names.index("bird")] = -1
+    sampler = cls(codes, batch_size=4, categories=category_codes)
+    assert len(sampler.epoch_batches(0)) > 0
