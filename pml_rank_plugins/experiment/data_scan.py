@@ -9,7 +9,7 @@ cuts, so a dataset shared by several splits or methods is scanned once):
   and ``scan(headers=False)`` for the findings that need no file opened; e.g.
   :class:`~pml_rank_plugins.data.ImageFolderDataset`: empty class folders, files that are not
   used, unreadable images) -- its own findings;
-* an image-list dataset (:class:`~pml_rank_plugins.data.images.ImageListDataset`: CUB, Cars,
+* an image-list dataset (:class:`~pml_rank_plugins.data.ImageListDataset`: CUB, Cars,
   SOP, In-Shop, VehicleID, LandmarksList, Revisited Oxford/Paris) -- every listed file, missing or
   with a header PIL cannot read;
 * anything else (in-memory datasets such as ``GlyphDataset`` / ``OmniglotDataset``, decoded when
@@ -18,7 +18,7 @@ cuts, so a dataset shared by several splits or methods is scanned once):
 A finding about an item the dataset would load is an error (:class:`DataScanError`, listing every
 one); a finding about a path that is no item (a non-image file, an empty class folder) is a
 note that ``check`` prints. Cost: one ``open`` and the header bytes per image, O(images); a
-progress bar on stderr from :data:`LARGE` images; ``--no-scan`` (``headers=False``) opens none.
+progress bar on stderr from ``LARGE`` (1,000) images; ``--no-scan`` (``headers=False``) opens none.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class DataScan:
 
         Raises:
             DataScanError: an item's image file is missing or unreadable; the message lists
-                every one (the first :data:`SHOWN`) with the notes, and how to skip the scan.
+                every one (the first ``SHOWN``, 20) with the notes, and how to skip the scan.
         """
         images, notes, new_notes, scanned = 0, 0, [], False
         for dataset in base_datasets(datasets):
