@@ -78,8 +78,9 @@ _EXCLUDED_WARNINGS = r"\S+ .* excluded: it |\d+ class\(es\) have a single item"
 
 def _sampler_text(sampler, category_names=None) -> str:
     """``plugin:CategoryHardSampler``, with what it never samples and the fix when it excludes
-    something (``excluded``, ``candidates``: :class:`~pml_rank_plugins.samplers.base.ClassBatchSampler`);
-    ``category_names``: the train dataset's, to name an excluded category id."""
+    something (the ``excluded`` and ``candidates`` of
+    :class:`~pml_rank_plugins.samplers.base.ClassBatchSampler`); ``category_names``: the train
+    dataset's, to name an excluded category id."""
     if sampler is None:
         return "-"
     text = _short(sampler)

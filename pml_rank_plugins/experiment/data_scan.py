@@ -62,7 +62,7 @@ def read_header(path: str | Path) -> str | None:
 
 
 def base_datasets(datasets: Mapping | list) -> list:
-    """The distinct datasets behind ``datasets`` (a ``Subset``'s ``.dataset`` followed), in order."""
+    """The distinct datasets behind ``datasets`` (a Subset's ``.dataset`` followed), in order."""
     out, seen = [], set()
     for dataset in datasets.values() if isinstance(datasets, Mapping) else datasets:
         for _ in range(10):  # LabeledSubset(Subset(...)): a short chain
@@ -128,7 +128,7 @@ def dataset_findings(dataset, headers: bool = True) -> list[Finding] | None:
 
 
 def _items(dataset) -> set[str] | None:
-    """The paths ``dataset`` loads, or None when it does not say (then every finding is an error)."""
+    """The paths ``dataset`` loads; None when it does not say (every finding is then an error)."""
     if not callable(getattr(dataset, "image_path", None)):
         return None
     return {str(dataset.image_path(i)) for i in range(len(dataset))}
