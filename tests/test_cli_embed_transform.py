@@ -58,9 +58,24 @@ def folder_config(root) -> dict:
 @pytest.fixture(scope="module")
 def folder_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("folder_run")
-    folder = make_image_folder(base / "photos", size=SIZE, bad_file=False, empty_class=False)
+    # a user's folder as issue 50 tells it: string class names under category folders, an empty
+    # class folder and a file that is no image (both not used; `check` names them)
+    folder = make_image_folder(base / "photos", size=SIZE, bad_file=False, empty_class=True)
+    folder.non_image = folder.root / next(iter(folder.images)) / "notes.txt"
+    folder.non_image.write_text("not an image\n")
     train(folder_config(folder.root), base / "run")
     return folder, base / "run"
+
+
+def test_check_of_the_runs_config_names_the_files_not_used(folder_run, tmp_path, capsys):
+    folder, _ = folder_run
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(folder_config(folder.root)))
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].endswith(f" files[{folder.num_images} images read, 2 not used (listed)]")
+    assert [line.split(": ")[1] for line in out[2:]] == [str(folder.empty), str(folder.non_image)]
+    assert all(line.startswith("  data: ") for line in out[2:])
 
 
 def _by_path(loaded, split: str) -> dict[str, np.ndarray]:

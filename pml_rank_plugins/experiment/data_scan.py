@@ -180,9 +180,12 @@ class DataScan:
             DataScanError: an item's image file is missing or unreadable; the message lists
                 every one (the first ``SHOWN``, 20) with the notes, and how to skip the scan.
         """
-        images, notes, new_notes, scanned = 0, 0, [], False
+        images, notes, new_notes, scanned, keys = 0, 0, [], False, set()
         for dataset in base_datasets(datasets):
             key = _key(dataset)
+            if key in keys:  # the same files built twice (train and eval transforms): once
+                continue
+            keys.add(key)
             if key not in self.done:
                 result = self._scan(dataset)
                 if result is None:
