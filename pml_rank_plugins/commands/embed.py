@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from .base import BadArgument, Command, argument, data_root
 from .options import RUN_DIR_HELP, add_data_root, add_device, add_which
+
+if TYPE_CHECKING:  # numpy (and the data package) load lazily: the CLI starts without them
+    import numpy as np
 
 __all__ = ["Embed"]
 
@@ -20,7 +24,11 @@ class Embed(Command):
     ``--images``: every file under DIR ending in .jpg/.jpeg/.png/.bmp/.gif/.tif/.tiff/.webp
     (recursively, sorted), loaded with the run's evaluation transform; ``--out`` (default
     ``embeddings.npz``, never overwritten unless named) gets ``embeddings`` and ``paths``
-    (relative to DIR). A bad ``--out``, a folder that is no finished run, a split the config
+    (relative to DIR) and, when every image lies in a sub-folder (DIR/<class>/ or
+    DIR/<category>/<class>/, as :class:`~pml_rank_plugins.data.ImageFolderDataset` reads it),
+    ``labels`` (``(N,)`` ids) and ``class_names`` (the sub-folders, ``class_names[id]``).
+    ``--split`` of a dataset that keeps names (``ImageFolderDataset``) also writes
+    ``class_names`` and ``category_names`` next to the ``(N, 2)`` labels (``.npz`` only). A bad ``--out``, a folder that is no finished run, a split the config
     lacks, a folder without images or an unreadable image is exit 2 naming it, checked before
     anything is written.
     """
@@ -55,6 +63,7 @@ class Embed(Command):
         add_data_root(parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        from ..data import label_names
         from ..running import (
             RunFolderError,
             embed,
@@ -79,12 +88,14 @@ class Embed(Command):
                 f"--split {args.split}: not in {args.run_dir}'s config; available: {have}"
             )
         embeddings, labels = embed(loaded, args.split)
+        classes, categories = label_names(loaded.datasets[args.split])  # None: integer ids only
         meta = {
             "split": args.split,
             "run_dir": str(args.run_dir),
             "checkpoint": str(loaded.checkpoint),
         }
-        files = argument(save_embeddings, args.out, embeddings, labels, **meta)
+        names = {"class_names": classes, "category_names": categories}
+        files = argument(save_embeddings, args.out, embeddings, labels, **names, **meta)
         shape = list(embeddings.shape)
         print(json.dumps({"files": [str(f) for f in files], "shape": shape, **meta}))
         return 0
@@ -121,7 +132,23 @@ class Embed(Command):
         paths = [f.relative_to(folder).as_posix() for f in files]
         meta = {"images": str(folder), "run_dir": str(args.run_dir)}
         meta["checkpoint"] = str(loaded.checkpoint)
-        written = argument(save_embeddings, out, embeddings, None, paths=paths, **meta)
+        labels, names = _folder_classes(paths)
+        written = argument(
+            save_embeddings, out, embeddings, labels, paths=paths, class_names=names, **meta
+        )
         shape = list(embeddings.shape)
         print(json.dumps({"files": [str(f) for f in written], "shape": shape, **meta}))
         return 0
+
+
+def _folder_classes(paths: list[str]) -> tuple[np.ndarray | None, list[str] | None]:
+    """Each image's class as ImageFolderDataset names it: its folder relative to ``--images``
+    (``cat`` for ``cat/1.jpg``, ``animals/cat`` for ``animals/cat/1.jpg``), encoded to ids in
+    sorted order of the names; ``(None, None)`` when an image lies directly in the folder."""
+    from ..data import encode_labels
+
+    folders = [PurePosixPath(p).parent.as_posix() for p in paths]
+    if "." in folders:
+        return None, None
+    codes, names = encode_labels(folders)
+    return codes.numpy(), names

@@ -7,9 +7,7 @@ import csv
 from pathlib import Path
 from typing import Callable
 
-from PIL import Image
-
-from .images import _DECODE_ERRORS, DatasetFormatError, ImageListDataset, format_error
+from .images import DatasetFormatError, ImageListDataset, format_error
 from .labels import UNLABELED
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -89,7 +87,7 @@ class ImageFolderDataset(ImageListDataset):
         self.ignored: list[tuple[Path, str]] = []
         self.empty_classes: list[Path] = []
         folders = self._class_folders(root, category_folders)
-        files = {rel: self._image_files(root / rel) for rel in folders}
+        files = {rel: self._image_files(root / rel, category_folders) for rel in folders}
         self.empty_classes += [root / rel for rel, found in files.items() if not found]
         self.class_names = sorted(rel for rel, found in files.items() if found)
         if not self.class_names:
@@ -133,16 +131,19 @@ class ImageFolderDataset(ImageListDataset):
                         why = f"a file in a category folder, outside the class folders ({layout})"
                         self.ignored.append((sub, f"{why}: not used"))
                 if not any(sub.is_dir() for sub in inner):
-                    self.ignored.append((entry, "a category folder without class folders"))
+                    self.ignored.append(
+                        (entry, "a category folder without class folders: not used")
+                    )
         return out
 
-    def _image_files(self, folder: Path) -> list[Path]:
+    def _image_files(self, folder: Path, category_folders: bool) -> list[Path]:
         """The image files directly in a class folder, sorted by name; the rest to ``ignored``."""
         found = []
         for entry in _visible(folder):
             if entry.is_dir():
-                why = "a folder inside a class folder: not read (images go directly in the class"
-                self.ignored.append((entry, f"{why} folder; category folders: category_folders)"))
+                why = "a folder inside a class folder: not read (images go directly in the class "
+                hint = "" if category_folders else "; root/<category>/<class>/: category_folders"
+                self.ignored.append((entry, f"{why}folder{hint})"))
             elif entry.suffix.lower() in IMAGE_SUFFIXES:
                 found.append(entry)
             else:
@@ -168,10 +169,10 @@ class ImageFolderDataset(ImageListDataset):
         """Every problem of the folder, as ``(path, reason)`` pairs, for ``pml-rank check``.
 
         The empty class folders and ignored entries found when the dataset was built, then (with
-        ``headers``) every image file whose header PIL cannot read (``Image.open``: the format
-        and size are read, the pixels are not; a file truncated after its header is found only
-        when decoded). ``progress(done, total)`` is called after each image file (a progress
-        bar on large folders). Cost: one ``open`` and a few hundred bytes read per image.
+        ``headers``) every image file whose header PIL cannot read
+        (:meth:`ImageListDataset.scan <pml_rank_plugins.data.ImageListDataset.scan>`:
+        ``progress(done, total)`` after each file; one ``open`` and a few hundred bytes read per
+        image).
 
         Returns:
             ``[(path, reason), ...]``: empty class folders first, then ignored entries, then
@@ -182,34 +183,12 @@ class ImageFolderDataset(ImageListDataset):
             for p in self.empty_classes
         ]
         problems += [(str(p), reason) for p, reason in self.ignored]
-        if not headers:
-            return problems
-        total = len(self.paths)
-        for index in range(total):
-            path = self.image_path(index)
-            reason = _header_problem(path)
-            if reason is not None:
-                problems.append((str(path), reason))
-            if progress is not None:
-                progress(index + 1, total)
-        return problems
+        return problems + (super().scan(progress) if headers else [])
 
 
 def _visible(folder: Path) -> list[Path]:
     """The entries of ``folder`` not starting with ``.``, sorted by name."""
     return sorted((p for p in folder.iterdir() if not p.name.startswith(".")), key=lambda p: p.name)
-
-
-def _header_problem(path: Path) -> str | None:
-    """Why PIL cannot read ``path``'s image header, or None when it can."""
-    try:
-        with Image.open(path) as image:
-            image.size  # noqa: B018 -- the header is parsed by open(); size proves it
-    except Image.UnidentifiedImageError:
-        return "cannot identify image file (not an image PIL can read, or empty)"
-    except _DECODE_ERRORS as err:
-        return f"cannot read the image header ({err})"
-    return None
 
 
 def _read_mapping(path: Path, class_names: list[str], root: Path) -> dict[str, str]:

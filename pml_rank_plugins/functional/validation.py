@@ -85,7 +85,8 @@ def _holds_non_numbers(labels) -> bool:
     if isinstance(labels, np.ndarray) and labels.dtype.kind in "biuf":
         return False
     first = _flat_first(labels)
-    return first is not None and not isinstance(first, (int, float, np.number, bool))
+    numbers = (int, float, np.number, torch.Tensor)  # as_tensor takes these (bool is an int)
+    return first is not None and not isinstance(first, numbers)
 
 
 def _first_type(labels) -> str:

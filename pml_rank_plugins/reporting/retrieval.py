@@ -11,7 +11,9 @@ every tile has its class label underneath.
 Each figure also as PDF (``retrieval.pdf``, ``worst_queries.pdf``) for papers, unless
 ``pdf=False``.
 ``retrieval.json``: query positions, retrieved positions and labels, correctness and AP behind
-both figures, and the run folder and checkpoint they were computed from.
+both figures, and the run folder and checkpoint they were computed from. A dataset that keeps
+its class names (:class:`~pml_rank_plugins.data.ImageFolderDataset`'s folders) shows them under
+the tiles and in the record (``class_name``, ``retrieved_class_names``) instead of bare ids.
 
 Cost per run (the demo's 8 methods, 2 loaded cores; see docs/getting-started.md for numbers):
 rebuilding the experiment and embedding the test split once with the run's tester dominates
@@ -42,6 +44,7 @@ import torch
 import tqdm
 from pytorch_metric_learning.testers import base_tester
 
+from ..data.labels import label_names
 from ..experiment import builder
 from ..experiment.datasets import build_splits
 from ..experiment.spec import RunSpec
@@ -173,8 +176,10 @@ def compute_retrieval(
     chosen = choose_queries(q_lab, eligible, num_queries, seed)
     worst = np.flatnonzero(eligible)[np.argsort(ap[eligible], kind="stable")[:num_queries]]
 
+    names = label_names(datasets[qname])[0]  # ids index the names of the dataset cut (if kept)
+
     def entry(i):
-        return {
+        out = {
             "query": int(i),
             "label": int(q_lab[i]),
             "ap": float(ap[i]),
@@ -182,6 +187,10 @@ def compute_retrieval(
             "retrieved_labels": r_lab[order[i, :k]].tolist(),
             "correct": relevant[i, :k].tolist(),
         }
+        if names is not None:
+            out["class_name"] = names[out["label"]]
+            out["retrieved_class_names"] = [names[c] for c in out["retrieved_labels"]]
+        return out
 
     return {
         "split": qname,

@@ -3,19 +3,21 @@
 Each row is the query (black frame, with its AP) followed by its ``k`` nearest references: rank
 and a check mark in a solid blue frame when of the query's class, a cross mark in a dashed
 vermillion frame otherwise (colour-blind-safe Okabe-Ito colours, never colour alone); every tile
-has its class label underneath. The grid is drawn without a layout engine (fixed margins in
+has its class label (the class name, when the dataset keeps names) underneath. The grid is drawn without a layout engine (fixed margins in
 inches, :func:`grid_geometry`); its PNG is written with fast compression and its PDF with Type 3
 fonts (:func:`save_pdf`: no TrueType subsetting). O(rows x cols) tiles.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from ..data.labels import label_names
 from . import style
 
 if TYPE_CHECKING:  # type hints only; matplotlib is imported lazily
@@ -52,6 +54,33 @@ def _image(dataset, pos: int) -> np.ndarray:
         img = img[..., 0]
     lo, hi = float(img.min()), float(img.max())
     return (img - lo) / (hi - lo) if hi > lo else np.zeros_like(img)
+
+
+def tile_label(dataset, label: int, width_pt: float = float("inf")) -> str:
+    """The text under a tile: the class name when the dataset keeps names
+    (:func:`~pml_rank_plugins.data.label_names`), else ``class <id>``. A name wider than
+    ``width_pt`` (points, at the tiles' font size) keeps its end after an ellipsis (under
+    category folders the class folder ends the name): measured with matplotlib's own text
+    metrics, so wide letters shorten it more. O(len(name)) measurements."""
+    names = label_names(dataset)[0]
+    if names is None or not 0 <= int(label) < len(names):
+        return f"class {label}"
+    name = str(names[int(label)])
+    for start in range(len(name)):
+        text = name if start == 0 else "\u2026" + name[start:]
+        if _text_width_pt(text) <= width_pt:
+            return text
+    return "\u2026"
+
+
+@functools.lru_cache(maxsize=4096)  # a grid measures the same names in many tiles
+def _text_width_pt(text: str) -> float:
+    """Width in points of ``text`` in the tiles' font (the default family, ``TILE_FONT_PT``)."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    prop = FontProperties(size=TILE_FONT_PT)
+    return TextToPath().get_text_width_height_descent(text, prop, ismath=False)[0]
 
 
 def grid_geometry(num_rows: int, num_cols: int) -> tuple[float, float, dict]:
@@ -107,6 +136,8 @@ def grid_figure(rows: list[dict], query_set, ref_sets, title: str) -> "Figure":
         ref_index += [(ds, i) for i in range(len(ds))]
     k = max(len(r["retrieved"]) for r in rows)
     width, height, adjust = grid_geometry(len(rows), k + 1)
+    # a tile's label may span its axis and most of the gap to the next (each label takes half)
+    label_pt = 72 * ((width - 2 * SIDE_IN - k * COL_GAP_IN) / (k + 1) + 0.8 * COL_GAP_IN)
     fig = style.new_figure(width, height, layout=None)
     fig.subplots_adjust(**adjust)
     axes = fig.subplots(len(rows), k + 1, squeeze=False)
@@ -133,7 +164,7 @@ def grid_figure(rows: list[dict], query_set, ref_sets, title: str) -> "Figure":
                 spine.set_linestyle(linestyle)
                 spine.set_linewidth(4)
             ax.set_title(top, fontsize=TILE_FONT_PT, color=color, fontweight="bold", pad=3)
-            ax.set_xlabel(f"class {lab}", fontsize=TILE_FONT_PT, labelpad=3)
+            ax.set_xlabel(tile_label(ds, lab, label_pt), fontsize=TILE_FONT_PT, labelpad=3)
     handles = [
         Patch(facecolor="none", edgecolor=FRAME[kind][0], linestyle=FRAME[kind][1], linewidth=3)
         for kind in ("query", "correct", "wrong")

@@ -279,14 +279,18 @@ def save_embeddings(
     labels: np.ndarray | None,
     *,
     paths: list[str] | None = None,
+    class_names: list[str] | None = None,
+    category_names: list[str] | None = None,
     **metadata: str,
 ) -> list[Path]:
     """Write what :func:`embed` returned to ``out`` (``.npz`` or ``.npy``); atomic per file.
 
     ``.npz``: keys ``embeddings``, ``labels`` (unless ``None``), ``paths`` (when given: one
-    string per row, e.g. the image files of ``pml-rank embed --images``) and one string per
+    string per row, e.g. the image files of ``pml-rank embed --images``), ``class_names`` and
+    ``category_names`` (when given: ``class_names[id]`` names class ``id`` of ``labels``, e.g.
+    an :class:`~pml_rank_plugins.data.ImageFolderDataset`'s folders) and one string per
     ``metadata`` keyword (e.g. ``split``, ``run_dir``, ``checkpoint``), readable with
-    ``np.load(out)`` (no pickle).
+    ``np.load(out)`` (no pickle). The names go to a ``.npz`` only.
     ``.npy``: ``FILE.npy`` (embeddings) and ``FILE_labels.npy`` (no metadata). Each file is
     written to a temporary file in the same folder, then renamed over its target: a failed
     write leaves neither a temporary nor a half-written file.
@@ -307,6 +311,9 @@ def save_embeddings(
             arrays["labels"] = labels
         if paths is not None:
             arrays["paths"] = np.asarray([str(p) for p in paths], dtype=str)
+        for key, names in (("class_names", class_names), ("category_names", category_names)):
+            if names:
+                arrays[key] = np.asarray([str(n) for n in names], dtype=str)
         parts = [lambda f: np.savez(f, **arrays)]
     else:
         if paths is not None or labels is None:

@@ -102,7 +102,8 @@ def make_image_folder(
             out.classes[rel] = category
             out.images[rel] = []
             base = np.zeros((size, size, 3), np.uint8)
-            base[..., class_id % 3] = 60 + 25 * class_id  # one colour level per class
+            # a colour level per class (in 40..199, so the noise below cannot wrap a uint8)
+            base[..., class_id % 3] = 40 + (37 * class_id) % 160
             for i in range(images_per_class):
                 pixels = base + rng.integers(0, 30, base.shape, dtype=np.uint8)
                 file = folder / f"{name.replace(' ', '_')}_{i}.png"

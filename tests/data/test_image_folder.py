@@ -173,7 +173,21 @@ def test_layout_mistakes_are_refused_or_reported_by_path(tmp_path, folder):
     reasons = dict((str(p), why) for p, why in ds.ignored)
     assert set(reasons) == {str(flat.root / "apple" / "more"), str(flat.root / "readme.md")}
     assert "folder inside a class folder" in reasons[str(flat.root / "apple" / "more")]
+    assert "category_folders" in reasons[str(flat.root / "apple" / "more")]
     assert "outside the class folders" in reasons[str(flat.root / "readme.md")]
+    # under category folders: a category without classes, a file beside the class folders
+    (folder.root / "plants").mkdir()
+    (folder.root / "fruit" / "list.txt").write_text("x")
+    (folder.root / "fruit" / "apple" / "old").mkdir()
+    nested = ImageFolderDataset(folder.root, category_folders=True)
+    reasons = dict((str(p), why) for p, why in nested.ignored)
+    assert "category folder without class folders" in reasons[str(folder.root / "plants")]
+    assert (
+        "in a category folder, outside the class folders"
+        in reasons[str(folder.root / "fruit" / "list.txt")]
+    )
+    inside = reasons[str(folder.root / "fruit" / "apple" / "old")]
+    assert "folder inside a class folder" in inside and "category_folders" not in inside
 
 
 def test_category_hard_batches_come_from_the_category_folders(tmp_path):

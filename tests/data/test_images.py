@@ -82,3 +82,20 @@ def test_read_rows_non_utf8_names_file_and_line(tmp_path):
     path.write_bytes(b"1 2\n3 caf\xe9\n")
     with pytest.raises(DatasetFormatError, match=r"x.txt, line 2: not valid UTF-8"):
         read_rows(path, 2)
+
+
+def test_scan_names_every_listed_image_whose_header_cannot_be_read(tmp_path):
+    # issue 50: a non-image file surfaced only after the first epoch's iterations
+    Image.new("RGB", (4, 3)).save(tmp_path / "good.png")
+    (tmp_path / "text.jpg").write_text("not a jpeg")
+    (tmp_path / "empty.png").write_bytes(b"")
+    paths = ["good.png", "text.jpg", "missing.png", "empty.png"]
+    ds = ImageListDataset(paths, [[0, 0], [0, 0], [1, 0], [1, 0]], root=tmp_path)
+    calls = []
+    problems = ds.scan(progress=lambda done, total: calls.append((done, total)))
+    assert [p for p, _ in problems] == [str(tmp_path / p) for p in paths[1:]]
+    reasons = [r for _, r in problems]
+    assert "cannot identify image file" in reasons[0] and "cannot identify" in reasons[2]
+    assert reasons[1] == "image file not found"
+    assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert ImageListDataset(paths[:1], [[0, 0]], root=tmp_path).scan() == []

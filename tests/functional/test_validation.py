@@ -7,6 +7,7 @@ import torch
 from pml_rank_plugins.functional.validation import (
     check_finite,
     check_int,
+    check_labels,
     compute_dtype,
     prepare_embeddings,
     validate_indices_tuple,
@@ -140,3 +141,24 @@ def test_validate_indices_tuple_accepts_valid_pairs_triplets_and_none():
 def test_validate_indices_tuple_names_the_bad_element(indices_tuple, message):
     with pytest.raises(ValueError, match=message):
         validate_indices_tuple(indices_tuple, 8, 32)
+
+
+@pytest.mark.parametrize(
+    "labels, fix",
+    [
+        (["cat", "dog"], "encode_labels"),
+        (np.array(["cat", "dog"]), "encode_labels"),
+        ([("vw", "golf"), ("vw", "polo")], "encode_labels"),
+        ([1, 2], "torch.as_tensor(labels)"),
+        (np.array([1.0, 2.0]), "torch.as_tensor(labels)"),
+        ([torch.tensor(1), torch.tensor(2)], "torch.as_tensor(labels)"),  # as_tensor takes these
+        ([], "torch.as_tensor(labels)"),
+    ],
+)
+def test_check_labels_names_the_fix_that_works_for_the_labels_given(labels, fix):
+    # issue 50: string labels were told "pass torch.as_tensor(labels)", which raises on them
+    with pytest.raises(TypeError) as err:
+        check_labels(labels)
+    assert fix in str(err.value)
+    other = "torch.as_tensor" if fix == "encode_labels" else "encode_labels"
+    assert other not in str(err.value)

@@ -20,6 +20,7 @@ import tqdm
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from pytorch_metric_learning.testers import base_tester
 
+from pml_rank_plugins.data import LabeledSubset
 from pml_rank_plugins.functional import ranked_average_precision
 from pml_rank_plugins.reporting import compare, retrieval, retrieval_grid, style
 from pml_rank_plugins.running.load import embed, load_run, save_embeddings
@@ -353,3 +354,26 @@ def test_saved_test_embeddings_are_reused_only_for_their_checkpoint(tmp_path, mo
     os.utime(saved, (0, 0))
     retrieval.compute_retrieval(run)
     assert calls == [1, 1]
+
+
+def test_grid_tiles_show_the_class_names_a_dataset_keeps_and_fit_them():
+    # issue 50: pictures of one's own folder showed "class 3", not the folder's name
+    data = TinyDataset(num_classes=3, per_class=4)
+    data.class_names = ["animals/Zebra", "WWWWWWWWWWWWWWWWWWWW", "fruit/Banana split, ripe"]
+    subset = LabeledSubset(data, np.arange(12))  # names are found through the subset
+    row = {
+        "query": 0,
+        "label": 0,
+        "ap": 0.5,
+        "retrieved": [1, 5, 9, 2, 3],
+        "retrieved_labels": [0, 1, 2, 0, 0],
+        "correct": [True, False, False, True, True],
+    }
+    fig = retrieval.grid_figure([row, row], subset, [subset], "title\nsecond line")
+    labels = [ax.get_xlabel() for ax in np.array(fig.axes).reshape(2, 6)[0]]
+    assert labels[:2] == ["animals/Zebra"] * 2 and labels[4:] == ["animals/Zebra"] * 2
+    wide, banana = labels[2:4]  # too wide for a tile: their ends after an ellipsis
+    assert wide.startswith("\u2026W") and set(wide[1:]) == {"W"} and len(wide) < 20
+    assert banana.startswith("\u2026") and "fruit/Banana split, ripe".endswith(banana[1:])
+    assert len(banana) > len(wide)  # narrow letters: more of them fit
+    _texts_inside_and_apart(fig)  # measured, not counted: every label clears its neighbours
