@@ -5,13 +5,14 @@ after its first iterations (and every run of a ``compare`` the same way). The sc
 up front. What it scans, per dataset behind the splits (a ``Subset`` is followed to the dataset it
 cuts, so a dataset shared by several splits or methods is scanned once):
 
-* a dataset with a ``scan`` method (the protocol: ``scan(progress=None) -> [(path, reason)]``,
-  and ``scan(headers=False)`` for the findings that need no file opened; e.g.
-  :class:`~pml_rank_plugins.data.ImageFolderDataset`: empty class folders, files that are not
-  used, unreadable images) -- its own findings;
-* an image-list dataset (:class:`~pml_rank_plugins.data.ImageListDataset`: CUB, Cars,
-  SOP, In-Shop, VehicleID, LandmarksList, Revisited Oxford/Paris) -- every listed file, missing or
-  with a header PIL cannot read;
+* a dataset with a ``scan`` method -- its findings. The protocol: ``scan(progress=None) ->
+  [(path, reason)]``, ``progress(done, total)`` called per file, and optionally
+  ``scan(headers=False)`` for the findings that need no file opened. The image-list datasets
+  (:meth:`ImageListDataset.scan <pml_rank_plugins.data.ImageListDataset.scan>`: CUB, Cars, SOP,
+  In-Shop, VehicleID, LandmarksList, Revisited Oxford/Paris) name every listed file that is
+  missing or has a header PIL cannot read; :class:`~pml_rank_plugins.data.ImageFolderDataset`
+  adds its empty class folders and the files it does not use. A dataset of one's own gets the
+  scan by defining the method;
 * anything else (in-memory datasets such as ``GlyphDataset`` / ``OmniglotDataset``, decoded when
   built) -- nothing to scan.
 
@@ -25,12 +26,9 @@ from __future__ import annotations
 
 import inspect
 import sys
-from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
-from PIL import Image
-
-from ..data.images import DatasetFormatError, ImageListDataset
+from ..data.images import DatasetFormatError
 
 LARGE = 1000  # images from which the scan shows a progress bar
 SHOWN = 20  # findings listed in an error message; the rest are counted
@@ -40,25 +38,6 @@ Finding = tuple[str, str]  # (path, reason)
 
 class DataScanError(DatasetFormatError):
     """Image files a dataset would load cannot be read; the message lists them."""
-
-
-def read_header(path: str | Path) -> str | None:
-    """Why ``path`` is no readable image (missing, or a header PIL cannot parse), else None.
-
-    ``PIL.Image.open`` parses the header (format, size, mode), not the pixels: a file truncated
-    after its header is found only when decoded. O(header bytes).
-    """
-    path = Path(path)
-    if not path.is_file():
-        return "image file not found"
-    try:
-        with Image.open(path) as image:
-            image.size  # noqa: B018 -- open() parsed the header; size is what it read
-    except Image.UnidentifiedImageError:
-        return "cannot identify image file (not an image PIL can read, or empty)"
-    except (OSError, ValueError, SyntaxError, EOFError) as err:  # what PIL raises for bad headers
-        return f"cannot read the image header ({err})"
-    return None
 
 
 def base_datasets(datasets: Mapping | list) -> list:
@@ -96,33 +75,19 @@ class _Progress:
             self.bar.close()
 
 
-def _list_findings(dataset: ImageListDataset, progress: Callable[[int, int], None]) -> list:
-    findings = []
-    total = len(dataset)
-    for index in range(total):
-        path = dataset.image_path(index)
-        reason = read_header(path)
-        if reason is not None:
-            findings.append((str(path), reason))
-        progress(index + 1, total)
-    return findings
-
-
 def dataset_findings(dataset, headers: bool = True) -> list[Finding] | None:
     """``[(path, reason)]`` for one dataset (see the module docstring), or None when it has
     nothing to scan. ``headers=False``: only what needs no file opened."""
     progress = _Progress(type(dataset).__name__)
     try:
         scan = getattr(dataset, "scan", None)
-        if callable(scan):
-            if headers:
-                return list(scan(progress=progress))
-            if "headers" in inspect.signature(scan).parameters:
-                return list(scan(headers=False))
-            return []
-        if isinstance(dataset, ImageListDataset):
-            return _list_findings(dataset, progress) if headers else []
-        return None
+        if not callable(scan):
+            return None
+        if headers:
+            return list(scan(progress=progress))
+        if "headers" in inspect.signature(scan).parameters:
+            return list(scan(headers=False))
+        return []
     finally:
         progress.close()
 

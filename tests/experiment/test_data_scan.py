@@ -87,7 +87,6 @@ def _landmarks(tmp_path) -> tuple:
 
 def test_an_image_list_dataset_is_scanned_through_its_file_list(tmp_path):
     root, dataset = _landmarks(tmp_path)
-    assert not hasattr(dataset, "scan")
     findings = data_scan.dataset_findings(dataset)
     assert findings == [
         (str(root / "img" / "text.jpg"), findings[0][1]),
