@@ -78,6 +78,11 @@ class ClassBatchSampler(BatchSampler):
     Everything after ``labels`` is keyword-only; the second place holds PML's ``m``, refused
     (:func:`refuse_pml_keywords`), so ``Sampler(labels, 4)`` is a ``TypeError`` naming
     ``batch_size=4`` rather than a batch of 4.
+
+    What is never sampled is warned about and recorded: ``excluded`` lists ``(what, key, why)``
+    per excluded pool (``("category", 3, "has 4 usable items ...")``) and
+    ``("class", n, why)`` for the ``n`` single-item classes; ``candidates`` counts the pools
+    considered per kind (``{"category": 8}``). ``pml-rank check`` reports both.
     """
 
     def __init__(
