@@ -9,8 +9,8 @@ pml-rank compare CONFIG... [--seeds N] [--out DIR] [--methods A,B] [--reference 
     [--resume|--overwrite] [--no-pictures]
 pml-rank sweep CONFIG --method NAME --grid KEY=V1,V2 [--grid ...] [--seeds N] [--out DIR]
     [--reference CELL] [--jobs K] [--resume|--overwrite]
-pml-rank check CONFIG... [--methods A,B] [--set key=value ...] [--device D]   # build everything,
-    no training
+pml-rank check CONFIG... [--methods A,B] [--set key=value ...] [--device D] [--no-scan]   # build
+    everything and read every image file's header, no training
 pml-rank tune CONFIG [--methods A,B] [--trials N] [--storage URL] [--jobs K] [--out DIR]
 pml-rank compare CONFIG --tuned DIR [--seeds S] [--allow-budget-change]   # the tuned methods on
     fresh seeds

@@ -13,8 +13,9 @@ __all__ = ["Check"]
 
 
 class Check(Command):
-    """Build every selected method of CONFIG... on ``--device`` (or the CPU); print one line per
-    method (or config) saying what was built. Without ``--device`` each method's ``device:`` must
+    """Build every selected method of CONFIG... on ``--device`` (or the CPU) and read every image
+    file's header (``--no-scan``: none); print one line per method (or config) saying what was
+    built, then ``  data: PATH: reason`` for each file the data does not use. Without ``--device`` each method's ``device:`` must
     exist on this machine, as ``train`` requires (``--device cpu`` checks a config written for
     another machine)."""
 
@@ -26,6 +27,12 @@ class Check(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("configs", nargs="+", help=CONFIGS_HELP)
+        parser.add_argument(
+            "--no-scan",
+            action="store_true",
+            help="do not open the image files (by default every image's header is read: an "
+            "unreadable one is an error naming it; a progress bar from 1,000 images)",
+        )
         add_methods(parser)
         add_common(parser)
 
@@ -50,6 +57,7 @@ class Check(Command):
                 args.device,
                 data_root(args),
                 before=devices,
+                scan=not args.no_scan,
             )
         for line in lines:
             print(line)

@@ -197,6 +197,17 @@ class InMemoryImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
+    def prepare_image(self, image: Image.Image) -> Image.Image:
+        """An image file's PIL image as this dataset stores its images (what ``transform`` sees):
+        grayscale (``"L"``), resized (bilinear) to the stored ``(H, W)``. ``pml-rank embed
+        --images`` applies it before the run's ``transforms.eval``, so one's own files reach the
+        model as the dataset's images did."""
+        image = image if image.mode == "L" else image.convert("L")
+        height, width = self.images.shape[1:3]
+        if image.size != (width, height):
+            image = image.resize((width, height), Image.Resampling.BILINEAR)
+        return image
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.transform is None:
             image = torch.from_numpy(self.images[index]).float().div_(255.0)[None]

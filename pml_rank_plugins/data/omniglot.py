@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from .images import DatasetFormatError, InMemoryImageDataset, load_image
 
@@ -48,6 +48,7 @@ class OmniglotDataset(InMemoryImageDataset):
         self.path = Path(path)
         self.image_size = int(image_size)
         self.transform = transform
+        self.invert = bool(invert)
         if self.path.is_file() and zipfile.is_zipfile(self.path):
             with zipfile.ZipFile(self.path) as archive:
                 names = [n for n in archive.namelist() if n.lower().endswith(".png")]
@@ -98,8 +99,17 @@ class OmniglotDataset(InMemoryImageDataset):
         return entries
 
     def _decode(self, source: bytes | Path, invert: bool, name: str | None = None) -> np.ndarray:
-        image = load_image(source, "L", name)
+        return np.asarray(self._prepare(load_image(source, "L", name), invert), dtype=np.uint8)
+
+    def _prepare(self, image: Image.Image, invert: bool) -> Image.Image:
+        if image.mode != "L":
+            image = image.convert("L")
         if image.size != (self.image_size, self.image_size):
             image = image.resize((self.image_size, self.image_size), Image.Resampling.BILINEAR)
-        array = np.asarray(image, dtype=np.uint8)
-        return 255 - array if invert else array.copy()
+        return ImageOps.invert(image) if invert else image
+
+    def prepare_image(self, image: Image.Image) -> Image.Image:
+        """An image file's PIL image as this dataset stores its images (what ``transform`` sees):
+        grayscale, resized to ``image_size`` (bilinear), inverted when the dataset was built with
+        ``invert``. ``pml-rank embed --images`` applies it before the run's ``transforms.eval``."""
+        return self._prepare(image, self.invert)

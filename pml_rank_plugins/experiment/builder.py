@@ -13,14 +13,17 @@ care which dataset, model, loss or sampler class a config names. What the builde
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import random
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 import torch
+from pytorch_metric_learning.utils import common_functions as pml_common
 
 from ..trainers import distributed as scaled
 from . import registry, values
@@ -285,15 +288,60 @@ def make_trainer(exp: Experiment, end_of_iteration_hook=None, end_of_epoch_hook=
         trainer_cls = scaled.distributed_trainer_class(trainer_cls)
         models = scaled.wrap_ddp(models, exp.device, kwargs.get("freeze_these", ()))
         kwargs.update(amp=exp.extra.get("amp"), grad_scaler=exp.extra.get("grad_scaler"))
-    return trainer_cls(
-        models=models,
-        optimizers=exp.optimizers,
-        loss_funcs=exp.loss_funcs,
-        mining_funcs=exp.mining_funcs,
-        dataset=exp.datasets["train"],
-        sampler=exp.sampler,
-        lr_schedulers=exp.lr_schedulers,
-        end_of_iteration_hook=end_of_iteration_hook,
-        end_of_epoch_hook=end_of_epoch_hook,
-        **kwargs,
+    quiet_pml_progress_warning()
+    with _without_idle_optimizer_warnings(exp.models):
+        return trainer_cls(
+            models=models,
+            optimizers=exp.optimizers,
+            loss_funcs=exp.loss_funcs,
+            mining_funcs=exp.mining_funcs,
+            dataset=exp.datasets["train"],
+            sampler=exp.sampler,
+            lr_schedulers=exp.lr_schedulers,
+            end_of_iteration_hook=end_of_iteration_hook,
+            end_of_epoch_hook=end_of_epoch_hook,
+            **kwargs,
+        )
+
+
+# PML's BaseTrainer.train formats its progress bar with "%.5f" % the loss tensor, which requires
+# grad: torch warns once per process, about PML's own display line, not about anything a config
+# can change. Matched on PML's module and the exact message: the same warning elsewhere still shows.
+_PML_PROGRESS_WARNING = r"Converting a tensor with requires_grad=True to a scalar"
+_PML_TRAINER_MODULE = r"pytorch_metric_learning\.trainers\.base_trainer"
+
+
+def quiet_pml_progress_warning() -> None:
+    """Ignore torch's ``requires_grad`` UserWarning raised by PML's progress-bar line (idempotent:
+    ``warnings.filterwarnings`` replaces an identical filter)."""
+    warnings.filterwarnings(
+        "ignore", message=_PML_PROGRESS_WARNING, category=UserWarning, module=_PML_TRAINER_MODULE
     )
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, messages: set[str]):
+        super().__init__()
+        self.messages = messages
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in self.messages
+
+
+@contextlib.contextmanager
+def _without_idle_optimizer_warnings(models: Mapping[str, torch.nn.Module]):
+    """PML's trainer logs ``optimizers is missing "<model>_optimizer"`` for every model without
+    one; for a model with no trainable parameter (an ``Identity`` embedder) there is nothing to
+    optimize, so that line is dropped. A model with parameters and no optimizer still warns."""
+    idle = {
+        f'optimizers is missing "{key}_optimizer"'
+        for key, model in models.items()
+        if not any(p.requires_grad for p in model.parameters())
+    }
+    drop = _DropMessages(idle)
+    pml_logger = pml_common.LOGGER  # PML's logger (renamable with c_f.set_logger_name)
+    pml_logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        pml_logger.removeFilter(drop)

@@ -113,17 +113,37 @@ def resolve_dataset_spec(spec: Any, where: str, data_root: str | None) -> Any:
         resolved = resolve_path(kwargs[key], data_root)
         kwargs[key] = resolved
         if _is_file_dataset(name, short) and not Path(resolved).exists():
-            hint = ""
-            if short in PUBLISHED:
-                folder, content, archive = PUBLISHED[short]
-                hint = (
-                    f" Pass --data-root DIR (or set ${ENV_VAR}=DIR) where DIR/{folder}/ holds "
-                    f"the {short} files ({content}); get them from {archive}."
-                )
+            hint = _missing_hint(short, key, spec_name_and_kwargs(spec, where)[1][key], data_root)
             raise ConfigError(
                 f"{where}.{name}.{key}: {resolved} not found ({_root_text(data_root)}).{hint}"
             )
     return {name: kwargs}
+
+
+# Readers of the user's own files (a list in the published format, not one published data set):
+# the archive of PUBLISHED is advice only when the config uses the shipped layout.
+OWN_FILES = ("LandmarksList",)
+
+
+def _missing_hint(short: str, key: str, written: Any, data_root) -> str:
+    """The advice after a missing dataset path: the published archive of a benchmark reader (for
+    ``OWN_FILES`` readers only when ``written``, the path as the config wrote it, is the shipped
+    layout ``<folder>/...``), else how a path of one's own data is resolved."""
+    written = Path(str(written)).expanduser()
+    if short in PUBLISHED:
+        folder, content, archive = PUBLISHED[short]
+        shipped = not written.is_absolute() and written.parts[:1] == (folder,)
+        if short not in OWN_FILES or shipped:
+            return (
+                f" Pass --data-root DIR (or set ${ENV_VAR}=DIR) where DIR/{folder}/ holds "
+                f"the {short} files ({content}); get them from {archive}."
+            )
+    start = f"the data root {data_root}" if data_root is not None else "the current folder"
+    return (
+        f" A {key} is an absolute path, or relative to the data root (--data-root DIR or "
+        f"${ENV_VAR}; here {start}), not to the config file's folder: write it absolute, or "
+        "relative to that root."
+    )
 
 
 def _is_file_dataset(name: str, short: str) -> bool:

@@ -99,12 +99,21 @@ def _kind(split_name: str) -> str:
 
 def build_dataset(config: dict, spec: Any, where: str, transform=None):
     """One dataset from its spec: paths resolved against ``data_root`` (missing folder: a
-    :class:`ConfigError` naming the key and the published archive), ``transform`` injected."""
+    :class:`ConfigError` naming the key and the published archive), ``transform`` injected.
+
+    A ``transform`` keyword in the spec itself is refused: the run's transform is the top-level
+    ``transforms`` (one place, read alike by training, its evaluation, ``load_run`` and ``pml-rank
+    embed``); a dataset's own would feed the train split's augmentation to the evaluation, and
+    ``embed --images`` (which has no dataset to ask) would feed images without it."""
     spec = resolve_dataset_spec(spec, where, config.get("data_root"))
     name, kwargs = spec_name_and_kwargs(spec, where)
-    if transform is not None and kwargs.get("transform") is not None:
+    if "transform" in kwargs:
         raise ConfigError(
-            f"{where}.{name}.transform: set either this or the top-level 'transforms', not both"
+            f"{where}.{name}.transform: a dataset's own transform is not the run's transform "
+            "(load_run and `pml-rank embed --images` apply transforms.eval, so a model trained "
+            "with it would embed images without it); move it to the top-level "
+            "transforms: {train: [...], eval: [...]} (eval feeds every split but train, and "
+            "embed; see docs/configs.md)"
         )
     injected = {"transform": transform} if transform is not None else {}
     dataset = build_object(spec, where, **injected)

@@ -251,7 +251,13 @@ def unregister(name: str) -> None:
 
 
 def _unknown(name: str, candidates: list[str], why: str, loc: str = "") -> UnknownNameError:
-    close = difflib.get_close_matches(name.split(".")[-1].split(":")[-1], candidates, n=5)
+    """The error for an unknown ``name``, with the closest ``candidates`` (bare names) written in
+    the namespace the user wrote: ``pml_rank_plugins.FastAPLos`` suggests
+    ``pml_rank_plugins.FastAPLoss``, not the bare ``FastAPLoss`` (PML's class: following a bare
+    hint would silently swap the implementation)."""
+    cut = max(name.rfind("."), name.rfind(":")) + 1
+    head, short = name[:cut], name[cut:]
+    close = [head + c for c in difflib.get_close_matches(short, candidates, n=5)]
     hint = f"; closest matches: {', '.join(close)}" if close else ""
     at = f" at {loc.removesuffix(': ')}" if loc else ""
     return UnknownNameError(f"unknown name {name!r}{at} ({why}){hint}")

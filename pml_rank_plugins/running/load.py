@@ -60,7 +60,8 @@ class LoadedRun:
     ``datasets`` is ``{split name: dataset}`` built from the config, every split with the
     evaluation transforms; ``run_dir`` is the run folder; ``eval_transform`` maps a PIL image to
     the model's input as the run's evaluation did (:class:`~.own_images.EvalTransform`: the
-    datasets' PIL mode, then ``transforms.eval`` or the built-in conversion), e.g.
+    datasets' PIL mode, their ``prepare_image`` when they have one, then ``transforms.eval`` or
+    the built-in conversion), e.g.
     ``loaded.eval_transform(PIL.Image.open("photo.jpg"))``.
     """
 
@@ -116,9 +117,8 @@ def load_run(
     load_state_dicts(exp.models, ckpt["models"])
     trunk, embedder = exp.models["trunk"].eval(), exp.models["embedder"].eval()
     epoch = int(ckpt["epoch"])
-    transform = EvalTransform(
-        _image_mode(exp.datasets), (build_transforms(config) or {}).get("eval")
-    )
+    steps = (build_transforms(config) or {}).get("eval")  # what every split above was built with
+    transform = EvalTransform(_image_mode(exp.datasets), steps, _prepare_step(exp.datasets))
     return LoadedRun(
         trunk, embedder, config, path, epoch, exp.device, exp.datasets, run_dir, transform
     )
@@ -137,6 +137,19 @@ def _image_mode(datasets: Mapping) -> str:
             if isinstance(image, torch.Tensor) and image.ndim == 3:
                 return "L" if image.shape[0] == 1 else "RGB"
     return "RGB"
+
+
+def _prepare_step(datasets: Mapping):
+    """The datasets' ``prepare_image`` (an image file -> the PIL image their transform sees, e.g.
+    Omniglot's resize and inversion), following Subset wrappers; None when they have none."""
+    for dataset in datasets.values():
+        for _ in range(10):  # LabeledSubset(Subset(...)): a short chain, never a cycle
+            if callable(getattr(dataset, "prepare_image", None)):
+                return dataset.prepare_image
+            if not hasattr(dataset, "dataset"):
+                break
+            dataset = dataset.dataset
+    return None
 
 
 def _config_and_checkpoint(run_dir: Path, which: str, data_root) -> tuple[RunSpec, Path]:

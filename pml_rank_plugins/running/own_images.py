@@ -21,15 +21,21 @@ class EvalTransform:
 
     ``mode``: the PIL mode the run's datasets load (``"L"`` grayscale, ``"RGB"``); ``steps``:
     the config's ``transforms.eval`` (``None``: the datasets' built-in conversion,
-    :func:`~pml_rank_plugins.data.images.to_float_tensor`, a float ``(C, H, W)`` in [0, 1]).
+    :func:`~pml_rank_plugins.data.images.to_float_tensor`, a float ``(C, H, W)`` in [0, 1]);
+    ``prepare``: the datasets' own decoding step before ``steps``, when they have one (their
+    ``prepare_image``: e.g. ``OmniglotDataset`` resizes to its ``image_size`` and inverts).
+    One call: ``steps(prepare(image.convert(mode)))``.
     """
 
     mode: str
     steps: Callable | None = None
+    prepare: Callable[[PIL.Image.Image], PIL.Image.Image] | None = None
 
     def __call__(self, image: PIL.Image.Image) -> torch.Tensor:
         if image.mode != self.mode:
             image = image.convert(self.mode)
+        if self.prepare is not None:
+            image = self.prepare(image)
         return self.steps(image) if self.steps is not None else to_float_tensor(image)
 
 

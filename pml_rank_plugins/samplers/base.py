@@ -25,6 +25,7 @@ from __future__ import annotations
 import numbers
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -77,6 +78,11 @@ class ClassBatchSampler(BatchSampler):
     Everything after ``labels`` is keyword-only; the second place holds PML's ``m``, refused
     (:func:`refuse_pml_keywords`), so ``Sampler(labels, 4)`` is a ``TypeError`` naming
     ``batch_size=4`` rather than a batch of 4.
+
+    What is never sampled is warned about and recorded: ``excluded`` lists ``(what, key, why)``
+    per excluded pool (``("category", 3, "has 4 usable items ...")``) and
+    ``("class", n, why)`` for the ``n`` single-item classes; ``candidates`` counts the pools
+    considered per kind (``{"category": 8}``). ``pml-rank check`` reports both.
     """
 
     def __init__(
@@ -102,12 +108,14 @@ class ClassBatchSampler(BatchSampler):
         self.labels = as_two_level(labels, categories)
         super().__init__(range(len(self.labels)), batch_size, drop_last=False)
         self.pools = ClassPools(self.labels, samples_per_class)
+        # what is never sampled, for `pml-rank check`'s summary: (what, key, why) per pool
+        # excluded, ("class", n, why) for the single-item classes; `candidates`: pools considered
+        self.excluded: list[tuple[str, Any, str]] = []
+        self.candidates: dict[str, int] = {}
         if self.pools.num_singletons:
-            warnings.warn(
-                f"{self.pools.num_singletons} class(es) have a single item and are never sampled "
-                "(a query needs a positive)",
-                stacklevel=3,
-            )
+            why = "have a single item and are never sampled (a query needs a positive)"
+            self.excluded.append(("class", self.pools.num_singletons, why))
+            warnings.warn(f"{self.pools.num_singletons} class(es) {why}", stacklevel=3)
         self.samples_per_class = samples_per_class
         self.seed = seed
         self.num_replicas = num_replicas
@@ -157,11 +165,13 @@ class ClassBatchSampler(BatchSampler):
     def _usable_pools(self, candidates: dict, size: int, what: str) -> dict:
         """Keep the candidate pools that can fill ``size`` items; warn naming each excluded one."""
         usable = {}
+        self.candidates[what] = self.candidates.get(what, 0) + len(candidates)
         for key, members in candidates.items():
             problem = self.pools.pool_problem(members, size)
             if problem is None:
                 usable[key] = members
             else:
+                self.excluded.append((what, key, problem))
                 warnings.warn(f"{what} {key!r} excluded: it {problem}", stacklevel=3)
         return usable
 

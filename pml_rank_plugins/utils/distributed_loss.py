@@ -178,12 +178,16 @@ class DistributedLossWrapper(torch.nn.Module):
             ``True``: each rank computes its own queries against the gathered batch
             (``O(n_r N)``); see the module docstring for what it refuses.
 
-    Call: ``wrapper(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None,
+    Call: ``wrapper(embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None,
     enqueue_mask=None)`` with this rank's ``(n_r, D)`` embeddings and ``(n_r,)`` labels (and its
     share of ``ref_emb`` / ``ref_labels``, gathered the same way); ``enqueue_mask`` only with a
     ``CrossBatchMemory``. ``indices_tuple`` indexes what the loss sees, i.e. what
     :class:`DistributedMinerWrapper` with the same ``efficient`` returns: the global batch
     (``efficient=False``), or this rank's queries against the global batch (``True``).
+    ``labels=None`` with an ``indices_tuple`` (PML's wrapper accepts it, as PML's own distributed
+    test calls it): the loss gets no labels, for a loss that reads only the tuples (PML's pair and
+    triplet losses; this package's list-wise losses need labels and say so); without an
+    ``indices_tuple``, or with a ``CrossBatchMemory``, labels are required (``ValueError``).
 
     Returns:
         The one-process loss of the global batch (same value on every rank); its gradient is
@@ -225,8 +229,12 @@ class DistributedLossWrapper(torch.nn.Module):
             if memory:
                 return self.loss(embeddings, labels, indices_tuple, enqueue_mask)
             return self.loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)
-        if labels is None:
-            raise ValueError("labels are required: the ranks' labels are gathered with the rows")
+        if labels is None and (memory or indices_tuple is None):
+            # PML's contract: labels may be left out when indices_tuple says which tuples to use
+            # (what DistributedMinerWrapper returned); the memory stores labels, the batch's own
+            # tuples are made from them
+            need = "CrossBatchMemory stores them" if memory else "or pass an indices_tuple"
+            raise ValueError(f"labels are required ({need})")
         device = embeddings.device
         if not self.efficient:
             emb, lab = all_gather_with_grad(embeddings), _gather_labels(labels, device)
@@ -242,7 +250,8 @@ class DistributedLossWrapper(torch.nn.Module):
         return self._efficient(embeddings, labels, indices_tuple, ref_emb, ref_labels)
 
     def _efficient(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
-        labels = torch.as_tensor(labels, device=embeddings.device)
+        if labels is not None:  # None: the loss reads only indices_tuple (checked in forward)
+            labels = torch.as_tensor(labels, device=embeddings.device)
         kwargs = {}
         if ref_emb is not None:
             refs, _ = all_gather_to_owners(ref_emb)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from matplotlib.ft2font import FT2Font
+from PIL import Image
 
 from pml_rank_plugins.data import GlyphDataset
 from pml_rank_plugins.data import glyphs as glyphs_module
@@ -142,3 +143,16 @@ def test_bad_arguments(tmp_path):
         GlyphDataset(root=tmp_path, categories=("klingon",))
     with pytest.raises(ValueError, match="images_per_class"):
         GlyphDataset(root=tmp_path, images_per_class=0)
+
+
+def test_prepare_image_resizes_a_file_to_the_stored_size(tmp_path):
+    """``embed --images`` on a glyph run: a file of another size reaches the model at the
+    dataset's image_size, grayscale (issue 50, item 2)."""
+    ds = small(tmp_path, image_size=24, images_per_class=1)
+    big = Image.fromarray(ds.images[0]).resize((48, 48), Image.Resampling.NEAREST).convert("RGB")
+    got = ds.prepare_image(big)
+    assert got.mode == "L" and got.size == (24, 24)
+    want = np.asarray(big.convert("L").resize((24, 24), Image.Resampling.BILINEAR))
+    np.testing.assert_array_equal(np.asarray(got), want)
+    same = Image.fromarray(ds.images[0])
+    np.testing.assert_array_equal(np.asarray(ds.prepare_image(same)), ds.images[0])

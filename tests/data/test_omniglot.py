@@ -138,3 +138,20 @@ def test_truncated_png_in_a_folder_names_the_file(tmp_path):
     with pytest.raises(DatasetFormatError) as info:
         OmniglotDataset(tmp_path / "set")
     assert str(folder / "b.png") in str(info.value) and "BytesIO" not in str(info.value)
+
+
+def test_prepare_image_turns_a_file_into_the_stored_image(tmp_path):
+    """What ``pml-rank embed --images`` applies to one's own files (issue 50, item 2): the
+    file's PIL image resized to image_size and inverted, as the dataset stores its images."""
+    gen = np.random.default_rng(0)
+    folder = tmp_path / "images_background" / "Zeta" / "character01"
+    folder.mkdir(parents=True)
+    pixels = gen.integers(0, 256, (10, 10)).astype(np.uint8)
+    Image.fromarray(pixels).save(folder / "a.png")
+    for invert in (True, False):
+        ds = OmniglotDataset(tmp_path, image_size=6, invert=invert)
+        rgb = Image.fromarray(np.repeat(pixels[..., None], 3, axis=2))  # any mode is converted
+        got = np.asarray(ds.prepare_image(rgb))
+        resized = np.asarray(Image.fromarray(pixels).resize((6, 6), Image.Resampling.BILINEAR))
+        np.testing.assert_array_equal(got, 255 - resized if invert else resized)
+        np.testing.assert_array_equal(got, ds.images[0])

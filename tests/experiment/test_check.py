@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pml_rank_plugins import cli
@@ -62,3 +63,50 @@ def test_check_refuses_a_bad_search_space_naming_the_key(tmp_path, capsys):
     assert cli.main(["check", str(path), "--methods", "PML FastAP"]) == 2
     err = capsys.readouterr().err
     assert "tune.space.loss_funcs.metric_loss.num_bins" in err and "low 40 > high 5" in err
+
+
+def test_the_summary_line_names_what_the_sampler_excludes_with_the_fix(tmp_path, capsys):
+    """Issue 50: CategoryHardSampler excluding categories was a UserWarning only; check's
+    summary line now names them (with the dataset's category name) and the fix."""
+    import warnings
+
+    from tests.data.image_folder_fixture import make_image_folder
+    from tests.experiment.test_data_scan import folder_config
+
+    classes = {"a": ["x", "y"], "b": ["z", "w"], "c": ["lonely"]}  # c: 4 items, fewer than 6
+    folder = make_image_folder(tmp_path / "photos", classes, bad_file=False, empty_class=False)
+    cfg = folder_config(folder.root, CategoryHardSampler={})
+    cfg["trainer"]["MetricLossOnly"]["batch_size"] = 12  # two categories x 6 items
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["check", _write(tmp_path, cfg)]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    sampler = line.split(" sampler[")[1].split("] optim[")[0]
+    assert sampler == (
+        "plugin:CategoryHardSampler: excludes 1 of 3 categories (2 ('c') has 4 usable items in "
+        "classes of >= 2, fewer than the 6 needed); fix: a smaller batch_size (now 12; each "
+        "category fills 6), more categories_per_batch (now 2), or more items"
+    )
+    assert not [w for w in caught if "excluded" in str(w.message)]  # said once, in the line
+    # training still warns (the summary is check's)
+    from pml_rank_plugins.experiment import builder
+
+    with pytest.warns(UserWarning, match="category 2 excluded"):
+        builder.build_experiment(cfg, "cpu")
+
+
+def test_single_item_classes_are_in_the_summary_line(tmp_path, capsys):
+    from tests.data.image_folder_fixture import make_image_folder
+    from tests.experiment.test_data_scan import folder_config
+
+    folder = make_image_folder(tmp_path / "photos", bad_file=False, empty_class=False)
+    for rel in folder.images["fruit/apple"][1:]:  # apple keeps one image
+        (folder.root / rel).unlink()
+    cfg = folder_config(folder.root, RandomClassSampler={})
+    assert cli.main(["check", _write(tmp_path, cfg)]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert (
+        " sampler[plugin:RandomClassSampler: 1 class(es) have a single item and are never "
+        + ("sampled (a query needs a positive); fix: 2+ items in each] ")
+        in line
+    )

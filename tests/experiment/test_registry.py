@@ -85,6 +85,27 @@ def test_unknown_name_lists_closest_matches():
         registry.resolve("plugin:DefinitelyNotAClass")
 
 
+def test_typo_hints_keep_the_namespace_the_user_wrote():
+    """Issue 50: ``pml_rank_plugins.FastAPLos`` must not suggest the bare ``FastAPLoss`` (PML's
+    class: following it silently swaps the implementation)."""
+    cases = {
+        "pml_rank_plugins.FastAPLos": "pml_rank_plugins.FastAPLoss",
+        "plugin:FastAPLos": "plugin:FastAPLoss",
+        "pml:FastAPLos": "pml:FastAPLoss",
+        "pml_rank_plugins.losses.FastAPLos": "pml_rank_plugins.losses.FastAPLoss",
+        "torch.optim.Adm": "torch.optim.Adam",
+        "FastAPLos": "FastAPLoss",  # bare stays bare (PML's, by the collision rule)
+    }
+    for typo, hint in cases.items():
+        with pytest.raises(UnknownNameError) as info:
+            registry.resolve(typo)
+        matches = str(info.value).split("closest matches: ")[1].split(", ")
+        assert matches[0] == hint, (typo, str(info.value))
+    ours = registry.resolve("pml_rank_plugins.FastAPLoss")
+    assert ours.__module__.startswith("pml_rank_plugins")
+    assert registry.resolve("FastAPLoss") is not ours
+
+
 def test_bad_keyword_shows_signature():
     loss = pml_losses.ContrastiveLoss
     with pytest.raises(TypeError) as info:

@@ -134,6 +134,21 @@ def test_small_category_excluded_with_warning_naming_it():
     with pytest.warns(UserWarning, match="category 7 excluded"):
         sampler = CategoryHardSampler(classes, batch_size=8, categories=categories)
     assert sampler.categories == [0, 1]
+    # recorded for `pml-rank check`'s summary line (issue 50): 2 items, a part needs 4
+    assert sampler.candidates == {"category": 3}
+    assert sampler.excluded == [
+        ("category", 7, "has 2 usable items in classes of >= 2, fewer than the 4 needed")
+    ]
+
+
+def test_single_item_classes_are_recorded():
+    classes = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 5])  # classes 4 and 5: one item
+    categories = np.array([0] * 6 + [1] * 6 + [1, 1])
+    with pytest.warns(UserWarning, match="2 class"):
+        sampler = CategoryHardSampler(classes, batch_size=6, categories=categories)
+    assert sampler.excluded == [
+        ("class", 2, "have a single item and are never sampled (a query needs a positive)")
+    ]
 
 
 def test_unlabeled_items_are_not_a_category():
