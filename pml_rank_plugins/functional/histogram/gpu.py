@@ -150,7 +150,11 @@ class LabelPairs(LabelCategories):
             index.index_put_((rows, columns), self._ignored_column(width))
 
     def _ignored_column(self, width: int) -> torch.Tensor:
-        """The 0-dim int64 ``IGNORED * width``, made once per source and width."""
+        """The 0-dim int64 ``IGNORED * width``, made once per source and width (eager; under
+        ``torch.compile`` made in the graph: a tensor cached on this object from inside the
+        traced ``autograd.Function`` is a side effect dynamo refuses)."""
+        if torch.compiler.is_compiling():
+            return torch.full((), IGNORED * width, dtype=torch.long, device=self.device)
         cached = self._ignored_index
         if cached is None or cached[0] != width:
             value = torch.full((), IGNORED * width, dtype=torch.long, device=self.device)
@@ -189,12 +193,17 @@ def _constants(num_intervals: int, offset: float, scale: float, dtype, device):
 
 class GpuPairHistogram(torch.autograd.Function):
     """``(N, 2, L + 1)`` histograms; see the module docstring. Inputs as
-    ``cpu.PairHistogram``: ``queries`` (N, d), ``refs`` (M, d) (the same tensor twice
-    for self-ranking: then one gradient, ``G R + G^T Q``, is returned for both), a category
-    source, ``offset``, ``scale``, ``num_intervals``, ``chunk_rows``."""
+    ``cpu.PairHistogram``: ``queries`` (N, d), ``refs`` (M, d) or ``None`` for self-ranking
+    (the batch against itself: then the one gradient ``G R + G^T Q`` goes to ``queries``), a
+    category source, ``offset``, ``scale``, ``num_intervals``, ``chunk_rows``. Self-ranking is
+    ``None`` rather than the same tensor twice because ``torch.compile`` cannot trace an
+    ``autograd.Function`` given one tensor as two inputs ("duplicate tensor input", a graph
+    break)."""
 
     @staticmethod
     def forward(ctx, queries, refs, categories, offset, scale, num_intervals, chunk_rows):
+        is_self = refs is None
+        refs = queries if is_self else refs
         n = len(queries)
         width = num_intervals + 3
         shift, fold, _ = _constants(num_intervals, offset, scale, queries.dtype, queries.device)
@@ -214,31 +223,35 @@ class GpuPairHistogram(torch.autograd.Function):
                 if stop - start == n and index.numel() <= SAVED_INDEX_PAIRS:
                     saved_index = index  # one small chunk: backward reuses its columns
             hist = torch.mm(acc, fold)
-        ctx.save_for_backward(queries, refs)
-        ctx.refs_t, ctx.categories, ctx.index = refs_t, categories, saved_index
-        ctx.params = (offset, scale, num_intervals, chunk_rows, refs is queries)
+        # Tensors go through save_for_backward (the saved columns too, an intermediate):
+        # torch.compile refuses a tensor made in forward and kept as a ctx attribute.
+        ctx.save_for_backward(queries, None if is_self else refs, saved_index)
+        ctx.categories = categories
+        ctx.params = (offset, scale, num_intervals, chunk_rows, is_self)
         return hist.view(n, 2, num_intervals + 1)
 
     @staticmethod
     def backward(ctx, grad_hist):
-        queries, refs = ctx.saved_tensors
         offset, scale, num_intervals, chunk_rows, is_self = ctx.params
+        queries, refs, saved_index = ctx.saved_tensors
+        if is_self:  # one tensor: G R + G^T Q, from the row and the column pass
+            refs = queries
+            need_q = need_r = ctx.needs_input_grad[0]
+        else:
+            need_q, need_r = ctx.needs_input_grad[:2]
         n = len(queries)
         shift, _, slope_of = _constants(num_intervals, offset, scale, queries.dtype, queries.device)
-        need_q, need_r = ctx.needs_input_grad[:2]
-        if is_self:  # one tensor: G R + G^T Q, from the row and the column pass
-            need_q = need_r = need_q or need_r
         grad_queries = grad_refs = None
         with float32_matmul(queries.device):
             slope = torch.mm(grad_hist.reshape(n, -1).to(queries.dtype), slope_of)
             for start in range(0, n, chunk_rows):
                 stop = min(start + chunk_rows, n)
                 whole = start == 0 and stop == n
-                index = ctx.index
+                index = saved_index
                 if index is None:  # recomputed: the same operations as forward
                     _, index = _chunk_columns(
                         queries,
-                        ctx.refs_t,
+                        refs.T,
                         ctx.categories,
                         start,
                         stop,
@@ -330,7 +343,13 @@ def pair_histograms(
         device=queries.device,
     )
     return GpuPairHistogram.apply(
-        queries, refs, categories, float(offset), float(scale), int(num_intervals), chunk_rows
+        queries,
+        None if refs is queries else refs,
+        categories,
+        float(offset),
+        float(scale),
+        int(num_intervals),
+        chunk_rows,
     )
 
 
