@@ -66,7 +66,16 @@ def _launch(queries, refs, labels, ref_labels, self_columns, categories, offset,
                   offset, scale, num_intervals, _tiles(tiles, precision))  # fmt: skip
 
 
-@torch.library.custom_op("pml_rank::triton_pair_histograms", mutates_args=())
+# Explicit schemas: ``int`` (not the inferred ``SymInt``) for the bin count and the tiles, which
+# become ``tl.constexpr`` launch arguments and must stay concrete under dynamic shapes.
+_INPUTS = ("Tensor queries, Tensor refs, Tensor? labels, Tensor? ref_labels, Tensor? self_columns, "
+           "Tensor? categories, float offset, float scale, int num_intervals, int[] tiles, "
+           "str precision")  # fmt: skip
+
+
+@torch.library.custom_op(
+    "pml_rank::triton_pair_histograms", mutates_args=(), schema=f"({_INPUTS}) -> Tensor"
+)
 def histograms_op(
     queries: _Tensor,
     refs: _Tensor,
@@ -94,7 +103,11 @@ def _histograms_fake(queries, refs, labels, ref_labels, self_columns, categories
     return queries.new_empty(queries.shape[0], 2, num_intervals + 1, dtype=torch.float32)
 
 
-@torch.library.custom_op("pml_rank::triton_pair_histograms_backward", mutates_args=())
+@torch.library.custom_op(
+    "pml_rank::triton_pair_histograms_backward",
+    mutates_args=(),
+    schema=f"(Tensor slope, {_INPUTS}, bool of_queries) -> Tensor",
+)
 def gradient_op(
     slope: _Tensor,
     queries: _Tensor,
