@@ -162,10 +162,17 @@ class LabelPairs(LabelCategories):
         return cached[1]
 
 
-@functools.lru_cache(maxsize=64)
 def _constants(num_intervals: int, offset: float, scale: float, dtype, device):
-    """``(shift, fold, slope)`` for ``L = num_intervals`` bins, cached per arguments (built from
-    Python values: no device data is read; a few KiB each).
+    """:func:`_build_constants`, cached per arguments; under ``torch.compile`` built in the graph
+    instead (dynamo traces the builder either way and warns of a ``lru_cache`` it ignores)."""
+    if torch.compiler.is_compiling():
+        return _build_constants(num_intervals, offset, scale, dtype, device)
+    return _cached_constants(num_intervals, offset, scale, dtype, device)
+
+
+def _build_constants(num_intervals: int, offset: float, scale: float, dtype, device):
+    """``(shift, fold, slope)`` for ``L = num_intervals`` bins (built from Python values: no
+    device data is read; a few KiB each).
 
     * ``shift``: the 0-dim ``offset + 1`` (values are shifted by one bin, see the layout).
     * ``fold``: ``(6 W, 2 (L + 1))``. The forward accumulates the right weights ``frac`` in
@@ -189,6 +196,9 @@ def _constants(num_intervals: int, offset: float, scale: float, dtype, device):
     slope = (spread[:, 1:] - spread[:, :-1]) * scale
     shift = torch.tensor(offset + 1.0, dtype=dtype)
     return tuple(t.to(device=device, dtype=dtype) for t in (shift, fold, slope))
+
+
+_cached_constants = functools.lru_cache(maxsize=64)(_build_constants)
 
 
 class GpuPairHistogram(torch.autograd.Function):
