@@ -13,9 +13,13 @@ What used to break the graph on ``gpu`` (issue 48), each fixed where it was:
   banks' ``self_index``) and the columns kept as a ``ctx`` attribute; a data-pointer comparison
   of the queries and a memory bank (``_same_rows``).
 
-What still breaks, by design (tested at the end): a value check (``check_values=True`` reads a
-value back) and :class:`~pml_rank_plugins.miners.RankedListMiner` (its tuples' lengths are read
-back once per call); the mined pairs themselves, weights included, compile.
+:class:`~pml_rank_plugins.miners.RankedListMiner` reads its tuples' lengths back once per call
+(``.tolist()``): with ``fullgraph=True`` dynamo captures them as data-dependent sizes, so a miner
++ loss step is one graph too (the read still happens when it runs: not CUDA-graph capturable); a
+default compile breaks the graph there, and only there. Two edits made that possible: the
+miner's gpu path skips ``one_torch_thread`` while compiling, and ``validate_indices_tuple``
+compares data-dependent lengths without reading them. What still breaks, by design: a value
+check (``check_values=True`` reads values back; tested at the end).
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ LOSSES = {
     ),
     "ranked_list_ref_emb": (lambda **kw: RankedListLoss(**kw), "ref"),
     "ranked_list_miner_weights": (lambda **kw: RankedListLoss(**kw), "mined"),
+    "ranked_list_with_miner": (lambda **kw: RankedListLoss(**kw), "miner"),
+    "fastap_with_miner": (lambda **kw: FastAPLoss(num_bins=10, **kw), "miner"),
 }
 
 
@@ -115,7 +121,8 @@ def _assert_fullgraph_equals_eager(eager, embeddings, labels):
 # kernel, the self-ranking gradient of the Ranked List kernel included; the rest at one chunk
 # (compiling costs about a second a case).
 CASES = [(name, "one_chunk") for name in LOSSES] + [
-    (name, "four_chunks") for name in ("fastap", "ranked_list_gallery_gradient")
+    (name, "four_chunks")
+    for name in ("fastap", "ranked_list_gallery_gradient", "ranked_list_with_miner")
 ]
 
 
@@ -124,6 +131,12 @@ def test_loss_compiles_fullgraph_on_gpu_backend(name, chunks):
     make, inputs = LOSSES[name]
     loss = make(backend="gpu", chunk_size=CHUNKS[chunks])
     embeddings, labels = make_embeddings_and_labels(N, DIM, CLASSES, torch.float32, seed=1)
+    if inputs == "miner":  # mined inside the compiled step, chunked as the loss
+        miner = RankedListMiner(backend="gpu", chunk_size=CHUNKS[chunks])
+        _assert_fullgraph_equals_eager(
+            lambda x, y: loss(x, y, miner(x, y)), embeddings.detach(), labels
+        )
+        return
     args, kwargs = _extra_inputs(inputs, embeddings, labels)
     _assert_fullgraph_equals_eager(
         lambda x, y: loss(x, y, *args, **kwargs), embeddings.detach(), labels
@@ -142,7 +155,8 @@ def test_use_backend_context_compiles_fullgraph():
 
 def test_cross_batch_memory_compiles_fullgraph_and_keeps_its_queue():
     """The memory bank's self-index path (queue update, the memory as references, the batch's
-    slots left out), a FastAP and a Ranked List bank in one graph per call: over
+    slots left out), a FastAP bank and a Ranked List bank with a ``RankedListMiner`` in one graph
+    per call: over
     three steps, filling the queue, the compiled banks equal eager twins in loss, gradient and
     memory contents. (The queue position and ``has_been_filled`` are Python values dynamo
     specializes on: one graph per state, here 3; past ``torch._dynamo.config.recompile_limit``
@@ -151,7 +165,12 @@ def test_cross_batch_memory_compiles_fullgraph_and_keeps_its_queue():
     def banks():
         return (
             CrossBatchMemory(FastAPLoss(backend="gpu"), embedding_size=DIM, memory_size=30),
-            CrossBatchMemory(RankedListLoss(backend="gpu"), embedding_size=DIM, memory_size=30),
+            CrossBatchMemory(
+                RankedListLoss(backend="gpu"),
+                embedding_size=DIM,
+                memory_size=30,
+                miner=RankedListMiner(backend="gpu"),
+            ),
         )
 
     compiled_banks, eager_banks = banks(), banks()
@@ -207,11 +226,15 @@ def test_value_checks_are_a_graph_break(make):
         compiled(embeddings.detach(), labels)
 
 
-def test_ranked_list_miner_is_a_graph_break():
-    """The miner's tuples have data-dependent lengths, read back once per call (``host_counts``):
-    a graph break. Mine outside the compiled region and pass the pairs (tested above)."""
-    miner = RankedListMiner(backend="gpu")
+def test_ranked_list_miner_breaks_a_default_compile_only_at_its_pair_counts():
+    """The miner's tuples have data-dependent lengths, read back once per call (``host_counts``,
+    ``.tolist()``). With ``fullgraph=True`` dynamo captures that read as unbacked sizes (one
+    graph, tested above); a default compile instead breaks the graph there, and only there:
+    every break dynamo reports is that data-dependent operator (at each frame it returns
+    through), none the thread context's (its gpu path skips ``one_torch_thread`` while
+    compiling)."""
+    miner, loss = RankedListMiner(backend="gpu"), RankedListLoss(backend="gpu")
     embeddings, labels = make_embeddings_and_labels(N, DIM, CLASSES, torch.float32)
-    compiled = torch.compile(lambda x, y: miner(x, y), fullgraph=True, backend="aot_eager")
-    with pytest.raises(torch._dynamo.exc.Unsupported):
-        compiled(embeddings.detach(), labels)
+    explained = torch._dynamo.explain(lambda x, y: loss(x, y, miner(x, y)))(embeddings, labels)
+    reasons = [reason.reason for reason in explained.break_reasons]
+    assert reasons and all(reason.startswith("Data dependent operator") for reason in reasons)
