@@ -20,6 +20,11 @@ operator is what Triton's CPU interpreter can run under ``torch.compile`` too (t
 kernels are not ``triton.jit`` functions, which ``wrap_triton`` requires), so the compiled path is
 tested on CPU exactly as it runs on a GPU.
 
+Eager calls skip the dispatcher: :func:`pair_histograms` runs the same launches through
+:class:`EagerPairHistograms` (an ``autograd.Function``) unless ``torch.compile`` is tracing, where
+it calls the op; the custom-op dispatch would add host time per call (measured in
+:class:`EagerPairHistograms`).
+
 Optional tensors: ``labels`` / ``ref_labels`` / ``self_columns`` are ``None`` when dense
 ``categories`` are given, and ``categories`` is ``None`` with labels (schema ``Tensor?``).
 ``tiles`` is :class:`~.triton_launch.Tiles` as eight integers (``target_programs`` ``-1`` for
@@ -90,10 +95,15 @@ def histograms_op(
     precision: str,
 ) -> _Tensor:
     """``(N, 2, num_intervals + 1)`` float32 histograms (see the module docstring)."""
-    if min(len(queries), len(refs)) == 0:
-        return queries.new_zeros(len(queries), 2, num_intervals + 1)
     launch = _launch(queries, refs, labels, ref_labels, self_columns, categories, offset, scale,
                      num_intervals, tiles, precision)  # fmt: skip
+    return _histograms(launch)
+
+
+def _histograms(launch: Launch) -> torch.Tensor:
+    n, m, _ = launch.sizes
+    if min(n, m) == 0:
+        return launch.pointers[0].new_zeros(n, 2, launch.flags["NUM_BINS"])
     return forward_histograms(launch)
 
 
@@ -125,11 +135,15 @@ def gradient_op(
 ) -> _Tensor:
     """``dS R`` (``(N, d)``, ``of_queries``) or ``dS^T Q`` (``(M, d)``), float32, from the
     ``(N, 2, L + 1)`` ``slope`` table (already times ``scale``; last column 0)."""
-    owned = queries if of_queries else refs
-    if min(len(queries), len(refs), queries.shape[1]) == 0:  # no pair, or d = 0: no launch
-        return owned.new_zeros(owned.shape, dtype=torch.float32)
     launch = _launch(queries, refs, labels, ref_labels, self_columns, categories, offset, scale,
                      num_intervals, tiles, precision)  # fmt: skip
+    return _gradient(launch, slope, of_queries)
+
+
+def _gradient(launch: Launch, slope: torch.Tensor, of_queries: bool) -> torch.Tensor:
+    owned = launch.pointers[0 if of_queries else 1]
+    if min(launch.sizes) == 0:  # no pair, or d = 0: nothing to launch
+        return owned.new_zeros(owned.shape, dtype=torch.float32)
     return gradient(launch, slope.contiguous(), of_queries)
 
 
@@ -146,14 +160,18 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.params = params
 
 
+def _slope(grad_hist: torch.Tensor, scale: float) -> torch.Tensor:
+    """``slope[i, c, b] = scale (g[i, c, b + 1] - g[i, c, b])``, 0 in the last column (a pair at
+    or beyond the last centre is clamped): what the gradient kernels read."""
+    grad_hist = grad_hist.to(torch.float32)
+    return F.pad(grad_hist[..., 1:] - grad_hist[..., :-1], (0, 1)).mul_(float(scale))
+
+
 def _backward(ctx, grad_hist):
-    """Gradients of ``queries`` and ``refs`` (``None`` for the rest). The slope table:
-    ``slope[i, c, b] = scale (g[i, c, b + 1] - g[i, c, b])``, 0 in the last column (a pair at
-    or beyond the last centre is clamped)."""
+    """Gradients of ``queries`` and ``refs`` by the backward op (``None`` for the rest)."""
     tensors = ctx.saved_tensors
     offset, scale, num_intervals, tiles, precision = ctx.params
-    grad_hist = grad_hist.to(torch.float32)
-    slope = F.pad(grad_hist[..., 1:] - grad_hist[..., :-1], (0, 1)).mul_(float(scale))
+    slope = _slope(grad_hist, scale)
     grads = [
         (
             gradient_op(slope, *tensors, offset, scale, num_intervals, tiles, precision, of_queries)
@@ -168,15 +186,47 @@ def _backward(ctx, grad_hist):
 histograms_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class EagerPairHistograms(torch.autograd.Function):
+    """The custom ops' forward and backward as one ``autograd.Function``, for eager calls: the
+    same launches (same values, bit for bit) without the dispatcher, whose Python custom-op
+    path costs host time where the loss is host-bound (measured on CPU, meta tensors, forward
+    only: 42-48 us a call through ``histograms_op`` with autograd, 9 us through an equivalent
+    ``autograd.Function``). The launch arguments are built once and reused by the backward.
+    ``torch.compile`` never traces this class (:func:`pair_histograms` calls the op there)."""
+
+    @staticmethod
+    def forward(ctx, queries, refs, labels, ref_labels, self_columns, categories, offset, scale,
+                num_intervals, tiles, precision):  # fmt: skip
+        launch = _launch(queries, refs, labels, ref_labels, self_columns, categories, offset,
+                         scale, num_intervals, tiles, precision)  # fmt: skip
+        ctx.launch, ctx.scale = launch, scale
+        # The launch holds the tensors; saved too, so autograd checks they are not modified.
+        ctx.save_for_backward(queries, refs)
+        return _histograms(launch)
+
+    @staticmethod
+    def backward(ctx, grad_hist):
+        slope = _slope(grad_hist, ctx.scale)
+        grads = [
+            _gradient(ctx.launch, slope, of_queries) if ctx.needs_input_grad[k] else None
+            for k, of_queries in ((0, True), (1, False))
+        ]
+        return (*grads, None, None, None, None, None, None, None, None, None)
+
+
 def pair_histograms(queries, refs, labels, ref_labels, self_columns, categories, offset: float,
                     scale: float, num_intervals: int, tiles: Tiles) -> torch.Tensor:  # fmt: skip
-    """``pml_rank::triton_pair_histograms`` with :class:`~.triton_launch.Tiles` (checked inputs:
-    see :func:`~.triton_kernel.triton_pair_histograms`). Differentiable w.r.t. ``queries`` and
-    ``refs`` (the same tensor for both: autograd adds the two gradients)."""
+    """The histograms with :class:`~.triton_launch.Tiles` (checked inputs: see
+    :func:`~.triton_kernel.triton_pair_histograms`): the custom op
+    ``pml_rank::triton_pair_histograms`` under ``torch.compile``, :class:`EagerPairHistograms`
+    otherwise (the same launches). Differentiable w.r.t. ``queries`` and ``refs`` (the same
+    tensor for both: autograd adds the two gradients)."""
     sizes, precision = tile_args(tiles)
-    return histograms_op(queries, refs, labels, ref_labels, self_columns, categories,
-                         float(offset), float(scale), int(num_intervals), sizes,
-                         precision)  # fmt: skip
+    args = (queries, refs, labels, ref_labels, self_columns, categories, float(offset),
+            float(scale), int(num_intervals), sizes, precision)  # fmt: skip
+    if torch.compiler.is_compiling():
+        return histograms_op(*args)
+    return EagerPairHistograms.apply(*args)
 
 
-__all__ = ["gradient_op", "histograms_op", "pair_histograms", "tile_args"]
+__all__ = ["EagerPairHistograms", "gradient_op", "histograms_op", "pair_histograms", "tile_args"]

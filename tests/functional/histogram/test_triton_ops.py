@@ -8,7 +8,9 @@ line per case; one test per case here, as ``test_histogram_triton.py`` does):
 * ``torch.library.opcheck`` of both operators (schema, autograd registration, fake tensor,
   AOT dispatch with dynamic shapes) with labels, with ``self_columns`` and with dense categories
   (the optional label tensors ``None``);
-* the kernel entry point compiled with ``fullgraph=True`` equals eager, values and gradients;
+* eager calls run ``EagerPairHistograms`` (no dispatcher), bit-identical to the op called
+  directly; the kernel entry point compiled with ``fullgraph=True`` (the op) equals eager,
+  values and gradients;
 * every loss on ``backend="triton"`` compiled with ``fullgraph=True`` (``aot_eager``: the custom
   op is opaque, and its real implementation runs the interpreted kernels) in one graph, equal to
   eager; the Ranked List loss runs the ``gpu`` path on this backend.
@@ -124,6 +126,28 @@ def _kernel_case(dense: bool):
     return _compiled_equals_eager(weighted, q)
 
 
+def _op_equals_eager_function():
+    """Eager calls run :class:`EagerPairHistograms`; the op called directly (what a compiled
+    graph runs) gives the same histograms and gradients, bit for bit."""
+    q, r, labels, ref_labels, _ = _inputs()
+    w = torch.randn(7, 2, 11, generator=torch.Generator().manual_seed(7))
+    sizes, precision = triton_ops.tile_args(SMALL)
+    out = {}
+    for path in ("eager", "op"):
+        qq, rr = q.clone().requires_grad_(), r.clone().requires_grad_()
+        if path == "eager":
+            h = triton_kernel.triton_pair_histograms(qq, rr, labels, ref_labels, None, 5.0, -5.0,
+                                                     10, tiles=SMALL)  # fmt: skip
+            grad_fn = type(h.grad_fn).__name__
+        else:
+            h = triton_ops.histograms_op(qq, rr, labels, ref_labels, None, None, 5.0, -5.0, 10,
+                                         sizes, precision)  # fmt: skip
+        out[path] = (h.detach(), *torch.autograd.grad((h * w).sum(), (qq, rr)))
+    same = all(torch.equal(a, b) for a, b in zip(out["eager"], out["op"]))
+    ok = same and grad_fn == "EagerPairHistogramsBackward" and float(out["op"][1].abs().max()) > 0
+    return dict(ok=ok, same=same, grad_fn=grad_fn)
+
+
 def _loss_cases():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(16, 6, generator=gen)
@@ -194,6 +218,7 @@ def cases(inductor: bool = False):
         return {"inductor_fastap": _inductor_case}
     out = {name: (lambda op=op, args=args: _opcheck(op, args))
            for name, (op, args) in _opcheck_cases().items()}  # fmt: skip
+    out["op_equals_eager_function"] = _op_equals_eager_function
     out["compiled_kernel_labels"] = lambda: _kernel_case(dense=False)
     out["compiled_kernel_dense"] = lambda: _kernel_case(dense=True)
     out.update(_loss_cases())
