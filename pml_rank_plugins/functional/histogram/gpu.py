@@ -71,8 +71,15 @@ def float32_matmul(device: torch.device) -> Iterator[None]:
     rounds ``Q R^T`` to about 1e-3, which moves pairs across bin boundaries. Elsewhere (CPU, and
     the meta device) a no-op: no global setting is touched. Only the new API is read and written,
     so a process that set the legacy ``allow_tf32`` flag keeps reading it without torch's
-    mixed-API error."""
-    if torch.device(device).type != "cuda":
+    mixed-API error.
+
+    Under ``torch.compile`` a no-op too: a graph cannot set the flag (dynamo refuses to read or
+    write ``fp32_precision``, "Attempted to call function marked as skipped": a graph break on
+    CUDA), so the compiled products run at the process's float32 matmul precision when the
+    graph runs: IEEE by default (``fp32_precision`` ``"none"``), TF32 after
+    ``torch.set_float32_matmul_precision("high")``, where the compiled histograms differ from
+    eager by the pairs moved across bin edges (``backend="triton"`` sets its own precision)."""
+    if torch.device(device).type != "cuda" or torch.compiler.is_compiling():
         yield
         return
     matmul = torch.backends.cuda.matmul
