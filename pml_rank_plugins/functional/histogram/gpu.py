@@ -194,11 +194,10 @@ def _build_constants(num_intervals: int, offset: float, scale: float, dtype, dev
     """
     width = num_intervals + 3
     # spread[b, c] = 1 where column c (of the positive and negative segments) holds bin b.
+    # One index assignment, not a Python loop: under torch.compile this builder is traced.
     spread = torch.zeros(2 * (num_intervals + 1), 3 * width, dtype=torch.float64)
-    for segment in (0, 1):
-        for column in range(width):
-            bin_ = min(max(column - 1, 0), num_intervals)
-            spread[segment * (num_intervals + 1) + bin_, segment * width + column] = 1.0
+    bins = (torch.arange(width) - 1).clamp_(0, num_intervals)
+    spread[torch.cat([bins, bins + num_intervals + 1]), torch.arange(2 * width)] = 1.0
     fold = torch.cat([spread.T, -spread.T])
     slope = (spread[:, 1:] - spread[:, :-1]) * scale
     shift = torch.tensor(offset + 1.0, dtype=dtype)
