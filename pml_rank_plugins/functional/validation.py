@@ -285,7 +285,9 @@ def validate_indices_tuple(
             raise ValueError(f"{label} must hold integer indices, got dtype {idx.dtype}")
         if idx.ndim != 1:
             raise ValueError(f"{label} must be 1-D, got shape {tuple(idx.shape)}")
-        if len(idx) == 0 or not check_values:
+        # check_values first: under torch.compile a miner's tuple has a data-dependent length,
+        # which dynamo cannot compare with 0 (the value checks are off there anyway).
+        if not check_values or len(idx) == 0:
             continue
         limit, rows = (num_queries, "query") if k in anchors else (num_refs, "reference")
         low, high = int(idx.min()), int(idx.max())
@@ -296,7 +298,9 @@ def validate_indices_tuple(
     groups = ((0, 1), (2, 3)) if len(indices_tuple) == 4 else ((0, 1, 2),)
     for group in groups:
         lengths = [len(indices_tuple[k]) for k in group]
-        if len(set(lengths)) > 1:
+        # Compared pairwise, not through a set: equal data-dependent lengths (one symbol under
+        # torch.compile) are provably equal, but a set would need their values.
+        if any(length != lengths[0] for length in lengths[1:]):
             listed = ", ".join(f"indices_tuple[{k}] has {n}" for k, n in zip(group, lengths))
             raise ValueError(f"mismatched lengths: {listed} (they must be equal)")
 

@@ -5,7 +5,9 @@
 * :mod:`.cpu`: the chunked CPU kernel of the histograms (two-bin interpolation fused with
   ``Q R^T``, threads over chunks); the ``cpu`` backend, bit-identical to earlier releases.
 * :mod:`.gpu`: the same histograms for an accelerator, sync-free, chunked from a fixed budget.
-* :mod:`.triton_kernel` (kernels in :mod:`.triton_jit`): the fused Triton kernel.
+* :mod:`.triton_kernel` (kernels in :mod:`.triton_jit`, launches in :mod:`.triton_launch`,
+  the ``torch.library`` custom ops ``pml_rank::`` that ``torch.compile`` sees in
+  :mod:`.triton_ops`): the fused Triton kernel.
 * :mod:`.sync_free`, :mod:`.ap_losses`: the losses' glue and the per-query ``1 - AP`` with a
   closed-form backward, for the ``gpu`` / ``triton`` backends.
 * :mod:`.dispatch`: the one place that picks a backend (``cpu``, ``gpu``, ``triton``).

@@ -29,11 +29,19 @@ import functools
 import torch
 
 
-@functools.lru_cache(maxsize=32)
 def _gradient_matrix(bins: int, tie_aware: bool, dtype, device) -> torch.Tensor:
+    """:func:`_build_gradient_matrix`, cached per arguments; under ``torch.compile`` built in the
+    graph instead (dynamo traces the builder either way and warns of a ``lru_cache`` it
+    ignores)."""
+    if torch.compiler.is_compiling():
+        return _build_gradient_matrix(bins, tie_aware, dtype, device)
+    return _cached_gradient_matrix(bins, tie_aware, dtype, device)
+
+
+def _build_gradient_matrix(bins: int, tie_aware: bool, dtype, device) -> torch.Tensor:
     """``(3 B, 2 B)``: ``[a, a P, P] @ M = -[sum_l w_lk a_l (1 - P_l) + P_k, -sum_l w_lk a_l P_l]``
-    (``d loss / d hist`` up to the per-query factor; ``loss = 1 - AP``). Built from Python values,
-    cached per arguments."""
+    (``d loss / d hist`` up to the per-query factor; ``loss = 1 - AP``). Built from Python
+    values."""
     weights = torch.ones(bins, bins, dtype=torch.float64).tril()  # [l, k]: l >= k
     if tie_aware:
         weights = weights + weights.tril(-1)  # 2 where l > k
@@ -46,6 +54,9 @@ def _gradient_matrix(bins: int, tie_aware: bool, dtype, device) -> torch.Tensor:
         ]
     )
     return matrix.to(device=device, dtype=dtype)
+
+
+_cached_gradient_matrix = functools.lru_cache(maxsize=32)(_build_gradient_matrix)
 
 
 class MaskedAPLosses(torch.autograd.Function):

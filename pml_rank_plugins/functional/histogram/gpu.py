@@ -71,8 +71,15 @@ def float32_matmul(device: torch.device) -> Iterator[None]:
     rounds ``Q R^T`` to about 1e-3, which moves pairs across bin boundaries. Elsewhere (CPU, and
     the meta device) a no-op: no global setting is touched. Only the new API is read and written,
     so a process that set the legacy ``allow_tf32`` flag keeps reading it without torch's
-    mixed-API error."""
-    if torch.device(device).type != "cuda":
+    mixed-API error.
+
+    Under ``torch.compile`` a no-op too: a graph cannot set the flag (dynamo refuses to read or
+    write ``fp32_precision``, "Attempted to call function marked as skipped": a graph break on
+    CUDA), so the compiled products run at the process's float32 matmul precision when the
+    graph runs: IEEE by default (``fp32_precision`` ``"none"``), TF32 after
+    ``torch.set_float32_matmul_precision("high")``, where the compiled histograms differ from
+    eager by the pairs moved across bin edges (``backend="triton"`` sets its own precision)."""
+    if torch.device(device).type != "cuda" or torch.compiler.is_compiling():
         yield
         return
     matmul = torch.backends.cuda.matmul
@@ -150,7 +157,11 @@ class LabelPairs(LabelCategories):
             index.index_put_((rows, columns), self._ignored_column(width))
 
     def _ignored_column(self, width: int) -> torch.Tensor:
-        """The 0-dim int64 ``IGNORED * width``, made once per source and width."""
+        """The 0-dim int64 ``IGNORED * width``, made once per source and width (eager; under
+        ``torch.compile`` made in the graph: a tensor cached on this object from inside the
+        traced ``autograd.Function`` is a side effect dynamo refuses)."""
+        if torch.compiler.is_compiling():
+            return torch.full((), IGNORED * width, dtype=torch.long, device=self.device)
         cached = self._ignored_index
         if cached is None or cached[0] != width:
             value = torch.full((), IGNORED * width, dtype=torch.long, device=self.device)
@@ -158,10 +169,17 @@ class LabelPairs(LabelCategories):
         return cached[1]
 
 
-@functools.lru_cache(maxsize=64)
 def _constants(num_intervals: int, offset: float, scale: float, dtype, device):
-    """``(shift, fold, slope)`` for ``L = num_intervals`` bins, cached per arguments (built from
-    Python values: no device data is read; a few KiB each).
+    """:func:`_build_constants`, cached per arguments; under ``torch.compile`` built in the graph
+    instead (dynamo traces the builder either way and warns of a ``lru_cache`` it ignores)."""
+    if torch.compiler.is_compiling():
+        return _build_constants(num_intervals, offset, scale, dtype, device)
+    return _cached_constants(num_intervals, offset, scale, dtype, device)
+
+
+def _build_constants(num_intervals: int, offset: float, scale: float, dtype, device):
+    """``(shift, fold, slope)`` for ``L = num_intervals`` bins (built from Python values: no
+    device data is read; a few KiB each).
 
     * ``shift``: the 0-dim ``offset + 1`` (values are shifted by one bin, see the layout).
     * ``fold``: ``(6 W, 2 (L + 1))``. The forward accumulates the right weights ``frac`` in
@@ -176,25 +194,32 @@ def _constants(num_intervals: int, offset: float, scale: float, dtype, device):
     """
     width = num_intervals + 3
     # spread[b, c] = 1 where column c (of the positive and negative segments) holds bin b.
+    # One index assignment, not a Python loop: under torch.compile this builder is traced.
     spread = torch.zeros(2 * (num_intervals + 1), 3 * width, dtype=torch.float64)
-    for segment in (0, 1):
-        for column in range(width):
-            bin_ = min(max(column - 1, 0), num_intervals)
-            spread[segment * (num_intervals + 1) + bin_, segment * width + column] = 1.0
+    bins = (torch.arange(width) - 1).clamp_(0, num_intervals)
+    spread[torch.cat([bins, bins + num_intervals + 1]), torch.arange(2 * width)] = 1.0
     fold = torch.cat([spread.T, -spread.T])
     slope = (spread[:, 1:] - spread[:, :-1]) * scale
     shift = torch.tensor(offset + 1.0, dtype=dtype)
     return tuple(t.to(device=device, dtype=dtype) for t in (shift, fold, slope))
 
 
+_cached_constants = functools.lru_cache(maxsize=64)(_build_constants)
+
+
 class GpuPairHistogram(torch.autograd.Function):
     """``(N, 2, L + 1)`` histograms; see the module docstring. Inputs as
-    ``cpu.PairHistogram``: ``queries`` (N, d), ``refs`` (M, d) (the same tensor twice
-    for self-ranking: then one gradient, ``G R + G^T Q``, is returned for both), a category
-    source, ``offset``, ``scale``, ``num_intervals``, ``chunk_rows``."""
+    ``cpu.PairHistogram``: ``queries`` (N, d), ``refs`` (M, d) or ``None`` for self-ranking
+    (the batch against itself: then the one gradient ``G R + G^T Q`` goes to ``queries``), a
+    category source, ``offset``, ``scale``, ``num_intervals``, ``chunk_rows``. Self-ranking is
+    ``None`` rather than the same tensor twice because ``torch.compile`` cannot trace an
+    ``autograd.Function`` given one tensor as two inputs ("duplicate tensor input", a graph
+    break)."""
 
     @staticmethod
     def forward(ctx, queries, refs, categories, offset, scale, num_intervals, chunk_rows):
+        is_self = refs is None
+        refs = queries if is_self else refs
         n = len(queries)
         width = num_intervals + 3
         shift, fold, _ = _constants(num_intervals, offset, scale, queries.dtype, queries.device)
@@ -214,31 +239,35 @@ class GpuPairHistogram(torch.autograd.Function):
                 if stop - start == n and index.numel() <= SAVED_INDEX_PAIRS:
                     saved_index = index  # one small chunk: backward reuses its columns
             hist = torch.mm(acc, fold)
-        ctx.save_for_backward(queries, refs)
-        ctx.refs_t, ctx.categories, ctx.index = refs_t, categories, saved_index
-        ctx.params = (offset, scale, num_intervals, chunk_rows, refs is queries)
+        # Tensors go through save_for_backward (the saved columns too, an intermediate):
+        # torch.compile refuses a tensor made in forward and kept as a ctx attribute.
+        ctx.save_for_backward(queries, None if is_self else refs, saved_index)
+        ctx.categories = categories
+        ctx.params = (offset, scale, num_intervals, chunk_rows, is_self)
         return hist.view(n, 2, num_intervals + 1)
 
     @staticmethod
     def backward(ctx, grad_hist):
-        queries, refs = ctx.saved_tensors
         offset, scale, num_intervals, chunk_rows, is_self = ctx.params
+        queries, refs, saved_index = ctx.saved_tensors
+        if is_self:  # one tensor: G R + G^T Q, from the row and the column pass
+            refs = queries
+            need_q = need_r = ctx.needs_input_grad[0]
+        else:
+            need_q, need_r = ctx.needs_input_grad[:2]
         n = len(queries)
         shift, _, slope_of = _constants(num_intervals, offset, scale, queries.dtype, queries.device)
-        need_q, need_r = ctx.needs_input_grad[:2]
-        if is_self:  # one tensor: G R + G^T Q, from the row and the column pass
-            need_q = need_r = need_q or need_r
         grad_queries = grad_refs = None
         with float32_matmul(queries.device):
             slope = torch.mm(grad_hist.reshape(n, -1).to(queries.dtype), slope_of)
             for start in range(0, n, chunk_rows):
                 stop = min(start + chunk_rows, n)
                 whole = start == 0 and stop == n
-                index = ctx.index
+                index = saved_index
                 if index is None:  # recomputed: the same operations as forward
                     _, index = _chunk_columns(
                         queries,
-                        ctx.refs_t,
+                        refs.T,
                         ctx.categories,
                         start,
                         stop,
@@ -330,7 +359,13 @@ def pair_histograms(
         device=queries.device,
     )
     return GpuPairHistogram.apply(
-        queries, refs, categories, float(offset), float(scale), int(num_intervals), chunk_rows
+        queries,
+        None if refs is queries else refs,
+        categories,
+        float(offset),
+        float(scale),
+        int(num_intervals),
+        chunk_rows,
     )
 
 

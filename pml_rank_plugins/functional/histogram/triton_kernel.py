@@ -41,6 +41,11 @@ against the float64 torch kernel): largest histogram difference 1e-5 to 3.4e-5 (
 11-18 ms), 1.7x at N = 16384 and N = 65536 (ieee: 6-7.5x). :class:`Tiles` changes the tile
 sizes and the precision (``benchmarks/bench_histogram_triton.py`` sweeps them).
 
+Under ``torch.compile`` the kernels are two ``torch.library`` custom ops,
+``pml_rank::triton_pair_histograms`` and its backward (:mod:`.triton_ops`, launch code in
+:mod:`.triton_launch`): opaque to dynamo and inductor, with fake implementations for the shapes,
+so a loss on this backend compiles with ``fullgraph=True``.
+
 Triton is optional: without it this module imports, and :func:`triton_pair_histograms` raises.
 On CPU the kernels run only in Triton's interpreter: ``TRITON_INTERPRET=1`` must be set before
 this module (precisely: :mod:`.triton_jit`, the kernels) is first imported in the process;
@@ -49,52 +54,16 @@ this module (precisely: :mod:`.triton_jit`, the kernels) is first imported in th
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import struct
-
 import torch
 
-from . import triton_jit
+from . import triton_jit, triton_ops
 from .triton_jit import triton
+from .triton_launch import DEFAULT_TILES, Tiles
 
 # At most this many bin centres (L + 1): two (block_n, bins) float32 accumulators stay in
 # registers. FastAP's num_bins is L (<= 127 here), mAP_Q's num_bins is L + 1 (<= 128 here).
 MAX_BINS = 128
 MAX_INTERVALS = MAX_BINS - 1
-# Up to this many bins the per-bin loop is unrolled (each bin's column of the accumulators is then
-# known at compile time); beyond it, a runtime loop (shorter compile).
-UNROLL_MAX_BINS = 32
-
-
-@dataclasses.dataclass(frozen=True)
-class Tiles:
-    """Launch parameters, in one place so that a benchmark can sweep them.
-
-    ``block_n`` query rows x ``block_m`` reference columns per score tile (both >= 16 for
-    ``tl.dot``), ``block_k`` embedding columns per ``tl.dot`` step, ``block_d`` (at most) gradient
-    columns per backward program; ``target_programs``: the splits of the column (forward,
-    ``grad_Q``) or row (``grad_R``) loop are chosen to launch about this many programs (``None``:
-    ``programs_per_sm`` x the GPU's multiprocessor count; 1 on CPU), so that small batches still
-    fill the GPU; ``precision``: ``tl.dot``'s ``input_precision`` (``"tf32x3"``: tensor cores at
-    float32 accuracy; ``"ieee"``: CUDA cores, slower; ``"tf32"`` is not float32-accurate). The
-    defaults were the fastest or within noise of it on an H200 (module docstring); the
-    interpreter ignores ``precision`` and ``num_warps`` / ``num_stages``.
-    """
-
-    block_n: int = 64
-    block_m: int = 64
-    block_k: int = 32
-    block_d: int = 128
-    num_warps: int = 4
-    num_stages: int = 2
-    programs_per_sm: int = 4
-    target_programs: int | None = None
-    precision: str = "tf32x3"
-
-
-DEFAULT_TILES = Tiles()
-_MULTIPROCESSORS: dict[int, int] = {}
 
 
 def interpreted() -> bool:
@@ -109,147 +78,6 @@ def triton_available_for(device: torch.device | str) -> bool:
         return False
     kind = torch.device(device).type
     return kind == "cpu" if interpreted() else kind == "cuda"
-
-
-def _target_programs(device: torch.device, tiles: Tiles) -> int:
-    """About how many programs a launch should have to fill ``device``."""
-    if tiles.target_programs is not None:
-        return max(1, tiles.target_programs)
-    if device.type != "cuda":
-        return 1
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _MULTIPROCESSORS:
-        _MULTIPROCESSORS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return tiles.programs_per_sm * _MULTIPROCESSORS[index]
-
-
-def _split(length: int, block: int, other_programs: int, target: int) -> tuple[int, int]:
-    """``(splits, elements per split)``: the looped dimension (``length``, in ``block`` tiles)
-    cut into contiguous whole-tile ranges so that ``other_programs * splits`` is about
-    ``target``."""
-    tiles = triton.cdiv(length, block)
-    wanted = min(tiles, max(1, triton.cdiv(target, other_programs)))
-    per_split = triton.cdiv(tiles, wanted) * block
-    return triton.cdiv(length, per_split), per_split
-
-
-def _float32(value: float) -> float:
-    """``value`` rounded to the nearest float32 (``float(torch.tensor(value, dtype=float32))``
-    without a tensor)."""
-    return struct.unpack("f", struct.pack("f", value))[0]
-
-
-class _Launch:
-    """The arguments every kernel shares, built once per forward and reused in backward."""
-
-    def __init__(self, queries, refs, labels, ref_labels, self_columns, categories, offset, scale,
-                 num_intervals, tiles):  # fmt: skip
-        dense = categories is not None
-        # Unused pointers are never read (their branch is compiled out): any tensor will do, and
-        # no placeholder is allocated (on CUDA that would cost a kernel launch per call).
-        dummy = queries
-        cat = categories if dense else dummy
-        self.pointers = (
-            queries,
-            refs,
-            dummy if dense else labels,
-            dummy if dense else ref_labels,
-            self_columns if (self_columns is not None and not dense) else dummy,
-            cat,
-        )
-        self.sizes = (len(queries), len(refs), queries.shape[1])
-        self.strides = (*queries.stride(), *refs.stride(), *(cat.stride() if dense else (0, 0)))
-        # The reference adds offset + 1 (a float32) to scale * s: the same numbers here. Rounded
-        # to float32 in Python (struct, round to nearest even, as torch): no host tensor and no
-        # scalar read, so the operator trace has neither (CUDA graphs, utils.op_count.OpTrace).
-        self.affine = (_float32(offset + 1.0), float(scale))
-        self.flags = dict(
-            NUM_BINS=num_intervals + 1,
-            BLOCK_K=max(16, min(tiles.block_k, triton.next_power_of_2(max(self.sizes[2], 1)))),
-            DENSE=dense,
-            HAS_SELF=self_columns is not None and not dense,
-            PRECISION=tiles.precision,
-        )
-        self.tiles = tiles
-        self.target = _target_programs(queries.device, tiles)
-
-    def run(self, kernel, grid, tensors, split, **flags):
-        """Launches ``kernel`` with the shared arguments around the kernel's own output
-        ``tensors`` and its split length."""
-        options = dict(num_warps=self.tiles.num_warps, num_stages=self.tiles.num_stages)
-        with (
-            torch.cuda.device(self.pointers[0].device)
-            if self.pointers[0].is_cuda
-            else contextlib.nullcontext()
-        ):
-            kernel[grid](*self.pointers, *tensors, *self.sizes, *self.strides, *self.affine, split,
-                         **self.flags, **flags, **options)  # fmt: skip
-
-
-def _forward(launch: _Launch) -> torch.Tensor:
-    n, m, _ = launch.sizes
-    tiles, bins = launch.tiles, launch.flags["NUM_BINS"]
-    row_blocks = triton.cdiv(n, tiles.block_n)
-    splits, split_cols = _split(m, tiles.block_m, row_blocks, launch.target)
-    queries = launch.pointers[0]
-    out = queries.new_empty(splits, n, 2, bins)
-    launch.run(triton_jit.forward_kernel, (row_blocks, splits), (out,), split_cols,
-               BLOCK_L=triton.next_power_of_2(bins), UNROLL=bins <= UNROLL_MAX_BINS,
-               BLOCK_N=tiles.block_n, BLOCK_M=tiles.block_m)  # fmt: skip
-    return out[0] if splits == 1 else out.sum(0)
-
-
-def _gradient(launch: _Launch, slope: torch.Tensor, of_queries: bool) -> torch.Tensor:
-    """``dS R`` (``of_queries``) or ``dS^T Q``, split over the looped dimension and summed."""
-    n, m, d = launch.sizes
-    tiles = launch.tiles
-    block_d = max(16, min(tiles.block_d, triton.next_power_of_2(max(d, 1))))
-    owned, looped = (n, m) if of_queries else (m, n)
-    owned_block, looped_block = (
-        (tiles.block_n, tiles.block_m) if of_queries else (tiles.block_m, tiles.block_n)
-    )
-    programs = triton.cdiv(owned, owned_block) * triton.cdiv(d, block_d)
-    splits, per_split = _split(looped, looped_block, programs, launch.target)
-    out = slope.new_empty(splits, owned, d)
-    kernel = triton_jit.grad_queries_kernel if of_queries else triton_jit.grad_refs_kernel
-    grid = (triton.cdiv(owned, owned_block), triton.cdiv(d, block_d), splits)
-    launch.run(kernel, grid, (slope, out), per_split, BLOCK_N=tiles.block_n,
-               BLOCK_M=tiles.block_m, BLOCK_D=block_d)  # fmt: skip
-    return out[0] if splits == 1 else out.sum(0)
-
-
-class TritonPairHistogram(torch.autograd.Function):
-    """Autograd wrapper of the kernels; inputs as :func:`triton_pair_histograms` (checked)."""
-
-    @staticmethod
-    def forward(ctx, queries, refs, labels, ref_labels, self_columns, categories, offset, scale,
-                num_intervals, tiles):  # fmt: skip
-        launch = _Launch(queries, refs, labels, ref_labels, self_columns, categories, offset,
-                         scale, num_intervals, tiles)  # fmt: skip
-        ctx.save_for_backward(queries, refs, labels, ref_labels, self_columns, categories)
-        ctx.params = (offset, scale, num_intervals, tiles)
-        if min(launch.sizes[:2]) == 0:
-            return queries.new_zeros(launch.sizes[0], 2, num_intervals + 1)
-        return _forward(launch)
-
-    @staticmethod
-    def backward(ctx, grad_hist):
-        queries, refs = ctx.saved_tensors[:2]
-        launch = _Launch(*ctx.saved_tensors, *ctx.params)
-        grad_queries = grad_refs = None
-        if min(launch.sizes) == 0:  # no pair, or d = 0: nothing to launch
-            grad_queries, grad_refs = torch.zeros_like(queries), torch.zeros_like(refs)
-        else:
-            # slope[i, c, b] = scale (g[i, c, b + 1] - g[i, c, b]); 0 in the last column.
-            grad_hist = grad_hist.to(torch.float32)
-            slope = torch.zeros_like(grad_hist, memory_format=torch.contiguous_format)
-            torch.sub(grad_hist[..., 1:], grad_hist[..., :-1], out=slope[..., :-1])
-            slope.mul_(launch.affine[1])
-            if ctx.needs_input_grad[0]:
-                grad_queries = _gradient(launch, slope, of_queries=True)
-            if ctx.needs_input_grad[1]:
-                grad_refs = _gradient(launch, slope, of_queries=False)
-        return grad_queries, grad_refs, None, None, None, None, None, None, None, None
 
 
 def _check_index(tensor, name: str, length: int, device: torch.device) -> torch.Tensor:
@@ -353,6 +181,6 @@ def triton_pair_histograms(
             f"interpreter: TRITON_INTERPRET=1 set before this module is imported); got {device}"
             + (" with the interpreter on" if interpreted() else "")
         )
-    return TritonPairHistogram.apply(queries, refs, labels, ref_labels, self_columns,
-                                     categories, float(offset), float(scale), num_intervals,
-                                     tiles)  # fmt: skip
+    # The custom op pml_rank::triton_pair_histograms (triton_ops): opaque to torch.compile.
+    return triton_ops.pair_histograms(queries, refs, labels, ref_labels, self_columns, categories,
+                                      offset, scale, num_intervals, tiles)  # fmt: skip

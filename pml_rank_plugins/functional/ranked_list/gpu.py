@@ -94,7 +94,11 @@ def _times(values: torch.Tensor, factor: float) -> torch.Tensor:
 
 def _same_rows(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a`` and ``b`` view the same memory the same way (``b = a.detach()``): read from
-    the tensors' metadata on the host, no device value."""
+    the tensors' metadata on the host, no device value. Under ``torch.compile`` only ``a is b``:
+    dynamo cannot compare the data pointers of two different tensors (a graph break), and
+    ``False`` only recomputes the query norms, the same values."""
+    if torch.compiler.is_compiling():
+        return a is b
     return a is b or (
         a.data_ptr() == b.data_ptr()
         and a.shape == b.shape
@@ -111,10 +115,16 @@ def _coefficients(dist, w_pos, w_neg, scale_pos, scale_neg) -> torch.Tensor:
 
 class _GpuRankedList(torch.autograd.Function):
     """``(loss, pos_loss, neg_loss, num_pos, num_neg, log_w)`` per query (``log_w`` empty unless
-    ``params.share``); only ``loss`` is differentiable (w.r.t. ``queries`` and ``refs``)."""
+    ``params.share``); only ``loss`` is differentiable (w.r.t. ``queries`` and ``refs``).
+    ``refs=None``: the references are ``queries`` itself (gradient through both ends of every
+    pair, summed into ``queries``' gradient); ``None`` rather than the same tensor twice because
+    ``torch.compile`` cannot trace an ``autograd.Function`` given one tensor as two inputs
+    ("duplicate tensor input", a graph break)."""
 
     @staticmethod
     def forward(ctx, queries, refs, pairs, given, params, chunk_rows, check):
+        is_self = refs is None
+        refs = queries if is_self else refs
         n = len(queries)
         ref_sq = (refs * refs).sum(1)
         starts = range(0, max(n, 1), chunk_rows)  # one (empty) chunk when N = 0
@@ -150,10 +160,10 @@ class _GpuRankedList(torch.autograd.Function):
             coef = _coefficients(
                 dist, w_pos, w_neg, _times(inv_zp, params.lam_pos), _times(inv_zn, params.lam)
             )
-            ctx.save_for_backward(queries, refs, coef)
+            ctx.save_for_backward(queries, None if is_self else refs, coef)
         else:
-            ctx.save_for_backward(queries, refs, inv_zp, inv_zn)
-        ctx.setup = (pairs, given, params, chunk_rows, single)
+            ctx.save_for_backward(queries, None if is_self else refs, inv_zp, inv_zn)
+        ctx.setup = (pairs, given, params, chunk_rows, single, is_self)
         log_w = torch.cat(log_ws) if params.share else queries.new_empty(0, dtype=torch.float64)
         ctx.mark_non_differentiable(pos_loss, neg_loss, num_pos, num_neg, log_w)
         # The five non-differentiable outputs get None, not zero tensors, in backward: five
@@ -163,22 +173,35 @@ class _GpuRankedList(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, *_):
-        pairs, given, params, chunk_rows, single = ctx.setup
+        is_self = ctx.setup[-1]
         need_q, need_r = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if is_self:  # one tensor, both ends of every pair
+            need_r = need_q
         if grad_loss is None or not (need_q or need_r):
             return None, None, None, None, None, None, None
+        grad_q, grad_r = _GpuRankedList._gradients(ctx, grad_loss, need_q, need_r)
+        if is_self:
+            return grad_q.add_(grad_r), None, None, None, None, None, None
+        return grad_q, grad_r, None, None, None, None, None
+
+    @staticmethod
+    def _gradients(ctx, grad_loss, need_q, need_r):
+        """``(grad_queries, grad_refs)`` (``None`` where not needed)."""
+        pairs, given, params, chunk_rows, single, is_self = ctx.setup
         # dd_ij/dq_i = (q_i - r_j) / d_ij, so with C_ij = g_i dL_i/dd_ij / d_ij:
         # grad_q = q * sum_j C - C R and grad_r = r * sum_i C - C^T Q.
         if single:
             queries, refs, coef = ctx.saved_tensors
+            refs = queries if is_self else refs
             coef = coef * grad_loss.unsqueeze(1)
             grad_q = grad_r = None
             if need_q:
                 grad_q = torch.addmm(queries * coef.sum(1, keepdim=True), coef, refs, alpha=-1.0)
             if need_r:
                 grad_r = torch.addmm(refs * coef.sum(0).unsqueeze(1), coef.T, queries, alpha=-1.0)
-            return grad_q, grad_r, None, None, None, None, None
+            return grad_q, grad_r
         queries, refs, inv_zp, inv_zn = ctx.saved_tensors
+        refs = queries if is_self else refs
         n = len(queries)
         scale_pos = grad_loss * inv_zp * params.lam_pos
         scale_neg = grad_loss * inv_zn * params.lam
@@ -202,7 +225,7 @@ class _GpuRankedList(torch.autograd.Function):
                 grad_r.addmm_(coef.T, q, alpha=-1.0)
         if need_r:
             grad_r.addcmul_(refs, col_sum.unsqueeze(1))
-        return grad_q, grad_r, None, None, None, None, None
+        return grad_q, grad_r
 
 
 def gpu_ranked_list_terms(
@@ -252,7 +275,13 @@ def gpu_ranked_list_terms(
     chunk_rows = chunk_rows_for(n, m, chunk_size, queries)
     with autocast_off(queries.device.type):
         loss, pos_loss, neg_loss, num_pos, num_neg, log_w = _GpuRankedList.apply(
-            queries, refs, pairs, neg_weights, params, chunk_rows, bool(check_values)
+            queries,
+            None if refs is queries else refs,
+            pairs,
+            neg_weights,
+            params,
+            chunk_rows,
+            bool(check_values),
         )
         if params.share:
             # A constant per query: autograd scales the upstream gradient g_i by it.

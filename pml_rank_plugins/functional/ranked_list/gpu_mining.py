@@ -15,6 +15,11 @@ boolean indexing, one sync each). Here it happens once per call, whatever the nu
    several each chunk is recomputed (bit-identical), so memory stays O(chunk x M).
 
 Time O(N M d) (twice with several chunks); memory O(chunk x M) + the output. Pure torch.
+
+Under ``torch.compile``: with ``fullgraph=True`` dynamo captures the counts' ``.tolist()`` as
+data-dependent (unbacked) sizes, so the miner is part of one graph (the read still happens when
+the graph runs, so a CUDA graph cannot capture it); a default compile breaks the graph at
+:func:`host_counts` instead.
 """
 
 from __future__ import annotations

@@ -192,6 +192,26 @@ def test_float32_matmul_pins_ieee_on_cuda_and_restores():
         matmul.fp32_precision = before
 
 
+def test_float32_matmul_is_a_no_op_while_compiling():
+    """Asked for CUDA while dynamo traces (run here on CPU tensors, the branch is the device's
+    type): no read or write of ``fp32_precision``, which dynamo refuses (a graph break that
+    ``fullgraph=True`` raises); the flag is untouched."""
+    before = torch.backends.cuda.matmul.fp32_precision
+
+    def product(x):
+        with gpu.float32_matmul(torch.device("cuda")):
+            return x @ x.T
+
+    torch._dynamo.reset()
+    x = unit(6)
+    compiled = torch.compile(product, fullgraph=True, backend="eager")
+    try:
+        assert torch.equal(compiled(x), x @ x.T)
+    finally:
+        torch._dynamo.reset()
+    assert torch.backends.cuda.matmul.fp32_precision == before
+
+
 def test_deterministic_algorithms_run():
     q, r = unit(20), unit(15, seed=3)
     source = gpu.LabelPairs(labels(20), labels(15, seed=4))
