@@ -18,6 +18,8 @@ import torch
 from pytorch_metric_learning.losses import MultiSimilarityLoss
 from torch._dynamo.testing import CompileCounterWithBackend
 
+from pml_rank_plugins.functional.euclidean import euclidean_distances
+from pml_rank_plugins.functional.histogram.ap_losses import masked_ap_losses
 from pml_rank_plugins.losses import CrossBatchMemory, FastAPLoss, QuantizedAPLoss, RankedListLoss
 from pml_rank_plugins.miners import RankedListMiner
 from pml_rank_plugins.samplers import RandomClassSampler
@@ -133,16 +135,45 @@ def test_aot_eager_equals_eager(name, backend, chunk, threads):
     _check(name, backend, chunk, "aot_eager")
 
 
+# Inductor generates and compiles C++ for every graph: FastAP's (a dozen graphs on the cpu
+# backend, between its graph breaks) take 50-100 s on the 2-core machine, RankedList's 10-25 s.
+_SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("chunk", ["three_chunks"])
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["fastap", "rll"])
+@pytest.mark.parametrize(
+    "name, backend",
+    [
+        pytest.param("fastap", "cpu", marks=_SLOW),
+        pytest.param("fastap", "gpu", marks=_SLOW),
+        ("rll", "cpu"),
+        ("rll", "gpu"),
+    ],
+)
 def test_inductor_equals_eager(name, backend, chunk, threads):
     _check(name, backend, chunk, "inductor")
 
 
+# GpuPairHistogram (functional/histogram/gpu.py) kept tensors on ctx (ctx.index, ctx.refs_t)
+# instead of save_for_backward: with the memory's references dynamo stops with an internal
+# error ("An intermediate tensor 'index' ... aliases an input or output"), not a wrong value.
+_GPU_CTX = pytest.mark.xfail(
+    strict=True,
+    raises=torch._dynamo.exc.InternalTorchDynamoError,
+    reason="fixed on branch h48-ops: GpuPairHistogram saves its tensors with save_for_backward",
+)
+
+
 @pytest.mark.parametrize("chunk", CHUNKS)
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["fastap", "rll"])
+@pytest.mark.parametrize(
+    "name, backend",
+    [
+        ("fastap", "cpu"),
+        pytest.param("fastap", "gpu", marks=_GPU_CTX),
+        ("rll", "cpu"),
+        ("rll", "gpu"),
+    ],
+)
 def test_cross_batch_memory_aot_eager_equals_eager_over_calls(name, backend, chunk, threads):
     eager = _memory(name, backend, CHUNKS[chunk])
     memory = _memory(name, backend, CHUNKS[chunk])
@@ -172,6 +203,51 @@ def test_miner_aot_eager_equals_eager(backend, chunk, threads):
     for got, want in zip(actual, expected):
         assert torch.equal(got, want)
     torch.testing.assert_close(actual.weights, expected.weights, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("mean_over", [None, 5.0])
+@pytest.mark.parametrize("tie_aware", [False, True])
+def test_masked_ap_losses_aot_eager_equals_eager(tie_aware, mean_over):
+    # The autograd.Function the gpu path traces (the cpu path too, after its kernel): an empty
+    # bin (H = 0) and an unranked query included.
+    gen = torch.Generator().manual_seed(1)
+    hist = torch.rand(6, 2, 5, generator=gen)
+    hist[:, :, 0] = 0
+    num_pos = hist[:, 0].sum(1).round()
+    ranked = torch.tensor([True, True, False, True, True, True])
+    weights = torch.rand(6, generator=gen)
+    count = None if mean_over is None else torch.tensor(mean_over)
+
+    def fn(h: torch.Tensor, _labels) -> torch.Tensor:
+        return masked_ap_losses(h, num_pos, ranked, tie_aware, weights, count).sum()
+
+    torch._dynamo.reset()
+    expected = _value_and_grad(fn, hist, None)
+    actual = _value_and_grad(_compiled(fn, "aot_eager"), hist, None)
+    torch._dynamo.reset()
+    assert expected[1].abs().max() > 0
+    torch.testing.assert_close(actual[0], expected[0], rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(actual[1], expected[1], rtol=RTOL, atol=ATOL)
+
+
+def test_euclidean_distances_aot_eager_equals_eager():
+    # Both gradients, and the zero-distance convention (gradient 0 at d = 0: a repeated row).
+    x, _ = _inputs(n=8)
+    y = torch.cat([x[:3], torch.randn(5, D, generator=torch.Generator().manual_seed(2))])
+    upstream = torch.rand(8, 8, generator=torch.Generator().manual_seed(3))
+
+    def grads(fn):
+        a, b = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+        d = fn(a, b)
+        return (d.detach(), *torch.autograd.grad((d * upstream).sum(), (a, b)))
+
+    torch._dynamo.reset()
+    expected = grads(euclidean_distances)
+    actual = grads(_compiled(euclidean_distances, "aot_eager"))
+    torch._dynamo.reset()
+    assert (expected[0].diagonal()[:3] == 0).all()
+    for got, want in zip(actual, expected):
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
 
 
 def _train(backend: str, compiler: str | None) -> list[torch.Tensor]:
