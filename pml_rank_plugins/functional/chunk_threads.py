@@ -41,9 +41,8 @@ Their chunk loops are host programs -- a thread pool sized from ``torch.get_num_
 ``torch.set_num_threads``, buffers reused in place through aliasing views, a sparse or dense path
 chosen per chunk from a count read back, Python objects kept on ``ctx`` for the backward -- that a
 trace would specialize to one thread count and one data-dependent branch, or cut at graph breaks
-inside an ``autograd.Function``. Tracing them is not needed for speed either (each chunk's
-operations are already few and large), so nothing is traced there, and nothing can be traced
-wrongly. While compiling, :func:`one_torch_thread` and :func:`one_thread_apply` are plain
+inside an ``autograd.Function``; nothing is traced there, so nothing can be traced wrongly
+(``tests/functional/test_compile_matrix.py``). While compiling, :func:`one_torch_thread` and :func:`one_thread_apply` are plain
 calls: the traced glue runs later as graphs, outside any Python block that could set its thread
 count (the glue then runs on the caller's threads).
 

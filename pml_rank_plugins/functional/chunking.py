@@ -110,11 +110,13 @@ class LabelCategories:
             raise ValueError(f"out must be an int8 buffer, got {out.dtype}")
         categories = out[: len(labels)]
         # The comparison writes its 0/1 bytes through a bool view of the int8 buffer (no
-        # conversion pass). The buffer itself must be int8: IGNORED (2) written into bool storage
-        # is not a bool value, and any copy of that storage as bool turns it into True (1, a
-        # negative). Under torch.compile, functionalization replays the in-place writes through
-        # such copies: with a bool buffer the self pairs became negatives (compiled FastAP
-        # 0.914212 instead of 0.902765 on 40 x 32 embeddings, issue 48).
+        # conversion pass). The buffer itself must be int8: IGNORED (2) is not a bool value, and
+        # a bool copy of such a byte stores True (1, a negative). torch.compile's
+        # functionalization makes that copy: the in-place write to the int8 view of a slice
+        # becomes index_put on a copy, viewed back as bool and slice_scatter'ed into the bool
+        # buffer. With a bool buffer the self pairs became negatives under aot_eager / inductor
+        # (issue 48: FastAP 0.914212 instead of 0.902765, RankedList 1.827091 instead of 0.710675
+        # on 40 x 32 embeddings).
         torch.ne(labels.view(-1, 1), self.ref_labels.view(1, -1), out=categories.view(torch.bool))
         if self.self_columns is not None:
             local = torch.arange(len(labels), device=labels.device)
