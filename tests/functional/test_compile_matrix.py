@@ -251,8 +251,8 @@ def test_euclidean_distances_aot_eager_equals_eager():
 
 
 def _train(backend: str, compiler: str | None) -> list[torch.Tensor]:
-    """Three SGD steps of a linear embedder with ``RankedListMiner`` + ``RankedListLoss`` on
-    batches from ``RandomClassSampler``; ``compiler``: the compile backend of the step's
+    """Three SGD steps of a linear embedder with ``RankedListMiner`` + ``RankedListLoss`` plus
+    ``FastAPLoss`` on batches from ``RandomClassSampler``; ``compiler``: the compile backend of the step's
     forward (model, miner and loss), ``None`` for eager. Returns the parameters after."""
     gen = torch.Generator().manual_seed(0)
     features = torch.randn(80, 16, generator=gen)
@@ -260,10 +260,11 @@ def _train(backend: str, compiler: str | None) -> list[torch.Tensor]:
     torch.manual_seed(0)
     model = torch.nn.Linear(16, D)
     miner, loss_fn = RankedListMiner(backend=backend), RankedListLoss(backend=backend)
+    fastap = FastAPLoss(backend=backend)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         embeddings = model(x)
-        return loss_fn(embeddings, y, miner(embeddings, y))
+        return loss_fn(embeddings, y, miner(embeddings, y)) + fastap(embeddings, y)
 
     run = step if compiler is None else _compiled(step, compiler)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
