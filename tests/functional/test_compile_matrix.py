@@ -3,8 +3,9 @@
 Issue 48: compiled FastAP / RankedList on the ``cpu`` backend returned silently wrong losses
 (40 x 32 embeddings, 10 classes x 4: FastAP 0.902765 eager, 0.914212 under ``aot_eager``;
 RankedList 0.710675 -> 1.827091). The cause: ``LabelCategories`` wrote IGNORED (2) into a bool
-buffer through an int8 view; functionalization copies that storage as bool, which turns 2 into
-True (1): the self pairs became negatives. Every cell below compares a compiled call with an eager
+buffer through an int8 view; functionalization (``aot_eager``, ``inductor``) writes that update
+back into the buffer as a bool copy, which stores 2 as True (1): the self pairs became negatives.
+Every cell below compares a compiled call with an eager
 call of a separate, identically built loss, in value and in the gradient of the embeddings
 (float32, rtol 1e-5), at one chunk (40 rows, the default chunking) and at three chunks
 (``chunk_size=16``, on two torch threads on the ``cpu`` backend, so the chunk threads run).
@@ -135,8 +136,9 @@ def test_aot_eager_equals_eager(name, backend, chunk, threads):
     _check(name, backend, chunk, "aot_eager")
 
 
-# Inductor generates and compiles C++ for every graph: FastAP's (a dozen graphs on the cpu
-# backend, between its graph breaks) take 50-100 s on the 2-core machine, RankedList's 10-25 s.
+# Inductor generates and compiles C++ for every graph (a dozen for FastAP on the cpu backend,
+# between its graph breaks). Measured cold (empty inductor cache) on the 2-core machine: FastAP
+# 24 s (cpu) / 16-19 s (gpu) when idle, up to 100 s / 56 s next to other jobs; RankedList 6-9 s.
 _SLOW = pytest.mark.slow
 
 
@@ -252,8 +254,8 @@ def test_euclidean_distances_aot_eager_equals_eager():
 
 def _train(backend: str, compiler: str | None) -> list[torch.Tensor]:
     """Three SGD steps of a linear embedder with ``RankedListMiner`` + ``RankedListLoss`` plus
-    ``FastAPLoss`` on batches from ``RandomClassSampler``; ``compiler``: the compile backend of the step's
-    forward (model, miner and loss), ``None`` for eager. Returns the parameters after."""
+    ``FastAPLoss`` on batches from ``RandomClassSampler``; ``compiler``: the compile backend of
+    the step's forward (model, miner and losses), ``None`` for eager. Returns the parameters."""
     gen = torch.Generator().manual_seed(0)
     features = torch.randn(80, 16, generator=gen)
     labels = torch.arange(CLASSES).repeat_interleave(8)
