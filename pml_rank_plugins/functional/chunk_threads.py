@@ -42,9 +42,9 @@ Their chunk loops are host programs -- a thread pool sized from ``torch.get_num_
 chosen per chunk from a count read back, Python objects kept on ``ctx`` for the backward -- that a
 trace would specialize to one thread count and one data-dependent branch, or cut at graph breaks
 inside an ``autograd.Function``; nothing is traced there, so nothing can be traced wrongly
-(``tests/functional/test_compile_matrix.py``). While compiling, :func:`one_torch_thread` and :func:`one_thread_apply` are plain
-calls: the traced glue runs later as graphs, outside any Python block that could set its thread
-count (the glue then runs on the caller's threads).
+(``tests/functional/test_compile_matrix.py``). While compiling, :func:`one_torch_thread` and
+:func:`one_thread_apply` are plain calls: the traced glue runs later as graphs, outside any
+Python block that could set its thread count (the glue then runs on the caller's threads).
 
 Measured (``benchmarks/bench_histogram_ap.py`` and ``bench_ranked_list.py`` with ``--load``, see
 ``docs/performance.md``): at N = 4096 next to a one-thread training process, FastAP went from
