@@ -32,6 +32,20 @@ thread whose *first* torch operation falls inside that window starts with one th
 inference mode, which are thread-local, are passed to the helpers; autocast is not (the kernels
 run with autocast disabled or only use ops it leaves alone).
 
+Under ``torch.compile``. The ``cpu`` kernels' entry points
+(:func:`~pml_rank_plugins.functional.histogram.cpu.pair_histograms`,
+:func:`~pml_rank_plugins.functional.ranked_list.cpu.chunked_ranked_list_terms`,
+:func:`~pml_rank_plugins.functional.ranked_list.cpu.chunked_ranked_list_mining`) are
+``torch.compiler.disable``: a graph break, the kernel run eagerly, exactly as without compiling.
+Their chunk loops are host programs -- a thread pool sized from ``torch.get_num_threads()``,
+``torch.set_num_threads``, buffers reused in place through aliasing views, a sparse or dense path
+chosen per chunk from a count read back, Python objects kept on ``ctx`` for the backward -- that a
+trace would specialize to one thread count and one data-dependent branch, or cut at graph breaks
+inside an ``autograd.Function``; nothing is traced there, so nothing can be traced wrongly
+(``tests/functional/test_compile_matrix.py``). While compiling, :func:`one_torch_thread` and
+:func:`one_thread_apply` are plain calls: the traced glue runs later as graphs, outside any
+Python block that could set its thread count (the glue then runs on the caller's threads).
+
 Measured (``benchmarks/bench_histogram_ap.py`` and ``bench_ranked_list.py`` with ``--load``, see
 ``docs/performance.md``): at N = 4096 next to a one-thread training process, FastAP went from
 19.8x to 0.85-1.37x the floor and RankedList from 11.9x to 0.41-0.82x; next to a niced
@@ -98,7 +112,10 @@ def one_torch_thread(device: torch.device, elements: int) -> Iterator[None]:
     like :func:`map_chunks`, it sets torch's process-wide default while it runs.
     """
     inside = getattr(_caller, "threads", None) is not None
-    if device.type != "cpu" or inside or elements > GLUE_MAX_ELEMENTS:
+    # While torch.compile traces (the body becomes graphs that run later, outside any Python
+    # block), a thread count set here would not surround the graph's operations: a no-op then.
+    tracing = torch.compiler.is_compiling()
+    if device.type != "cpu" or inside or elements > GLUE_MAX_ELEMENTS or tracing:
         yield
         return
     threads = torch.get_num_threads()
@@ -160,6 +177,11 @@ def one_thread_apply(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> 
     first such backward in a process adds about 35 MiB of resident memory once (measured: the
     first ``torch.autograd.grad`` called inside a backward, PyTorch 2.14, CPU), not per call."""
     if inputs[0].device.type != "cpu" or max(x.numel() for x in inputs) > GLUE_MAX_ELEMENTS:
+        return fn(*inputs)
+    if torch.compiler.is_compiling():
+        # Traced, ``fn``'s operations become part of the graph (autograd included), which the
+        # thread count of a Python block cannot surround; _OneThread's backward (a Python
+        # callable recomputed under torch.autograd.grad) is not traceable either.
         return fn(*inputs)
     if not torch.is_grad_enabled() or not any(x.requires_grad for x in inputs):
         with one_torch_thread(inputs[0].device, 0):
@@ -256,6 +278,6 @@ class ExclusiveRows:
         buffer = self._buffers[worker]
         if buffer is None or len(buffer) < stop - start:
             buffer = self._buffers[worker] = torch.empty(
-                stop - start, self.shape[1], dtype=torch.bool, device=self.source.device
+                stop - start, self.shape[1], dtype=torch.int8, device=self.source.device
             )
         return self.source.rows(start, stop, out=buffer)

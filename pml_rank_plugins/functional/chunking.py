@@ -95,20 +95,29 @@ class LabelCategories:
         self._buffer = None
 
     def rows(self, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows ``[start, stop)`` computed into ``out`` (a bool ``(>= stop - start, M)`` buffer),
-        or without ``out`` into one buffer reused across calls (a fresh multi-MB allocation per
-        chunk costs page faults); the returned rows are valid until that buffer is reused."""
+        """Rows ``[start, stop)`` computed into ``out`` (an int8 ``(>= stop - start, M)``
+        buffer), or without ``out`` into one buffer reused across calls (a fresh multi-MB
+        allocation per chunk costs page faults); the returned rows are valid until that buffer is
+        reused."""
         labels = self.labels[start:stop]
         if out is None:
             if self._buffer is None or self._buffer.shape[0] < len(labels):
                 self._buffer = torch.empty(
-                    len(labels), self.shape[1], dtype=torch.bool, device=labels.device
+                    len(labels), self.shape[1], dtype=torch.int8, device=labels.device
                 )
             out = self._buffer
-        differ = out[: len(labels)]
-        torch.ne(labels.view(-1, 1), self.ref_labels.view(1, -1), out=differ)
-        # bool -> int8 reinterprets the bytes (0/1) instead of converting them.
-        categories = differ.view(torch.int8)
+        if out.dtype != torch.int8:
+            raise ValueError(f"out must be an int8 buffer, got {out.dtype}")
+        categories = out[: len(labels)]
+        # The comparison writes its 0/1 bytes through a bool view of the int8 buffer (no
+        # conversion pass). The buffer itself must be int8: IGNORED (2) is not a bool value, and
+        # a bool copy of such a byte stores True (1, a negative). torch.compile's
+        # functionalization makes that copy: the in-place write to the int8 view of a slice
+        # becomes index_put on a copy, viewed back as bool and slice_scatter'ed into the bool
+        # buffer. With a bool buffer the self pairs became negatives under aot_eager / inductor
+        # (issue 48: FastAP 0.914212 instead of 0.902765, RankedList 1.827091 instead of 0.710675
+        # on 40 x 32 embeddings).
+        torch.ne(labels.view(-1, 1), self.ref_labels.view(1, -1), out=categories.view(torch.bool))
         if self.self_columns is not None:
             local = torch.arange(len(labels), device=labels.device)
             categories[local, self.self_columns[start:stop]] = IGNORED

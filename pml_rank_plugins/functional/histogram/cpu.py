@@ -261,6 +261,9 @@ def _pair_gradient(slope, codes, other, out, block, by_rows: bool) -> None:
     map_chunks(chunk, len(starts), workers)
 
 
+# A graph break under torch.compile: the chunk loop is a host program (threads, set_num_threads,
+# aliasing reused buffers), not traced (see the chunk_threads module docstring).
+@torch.compiler.disable
 def pair_histograms(
     queries: torch.Tensor,
     refs: torch.Tensor,

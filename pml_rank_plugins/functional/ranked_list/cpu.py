@@ -210,6 +210,10 @@ class _ChunkedRankedList(torch.autograd.Function):
         return grad_q, grad_r, None, None, None, None
 
 
+# A graph break under torch.compile: the chunk loop is a host program (threads, set_num_threads,
+# a data-dependent sparse / dense path, Python state on ctx), not traced (see the chunk_threads
+# module docstring).
+@torch.compiler.disable
 def chunked_ranked_list_terms(
     queries: torch.Tensor,
     refs: torch.Tensor,
@@ -273,6 +277,10 @@ def chunked_ranked_list_terms(
     return RankedListTerms(loss, pos_loss, neg_loss, num_pos, num_neg)
 
 
+# A graph break under torch.compile: the chunk loop is a host program (threads, set_num_threads,
+# a data-dependent sparse / dense path, Python state on ctx), not traced (see the chunk_threads
+# module docstring).
+@torch.compiler.disable
 def chunked_ranked_list_mining(
     queries: torch.Tensor,
     refs: torch.Tensor,
