@@ -156,22 +156,12 @@ def test_inductor_equals_eager(name, backend, chunk, threads):
     _check(name, backend, chunk, "inductor")
 
 
-# GpuPairHistogram (functional/histogram/gpu.py) kept tensors on ctx (ctx.index, ctx.refs_t)
-# instead of save_for_backward: with the memory's references dynamo stops with an internal
-# error ("An intermediate tensor 'index' ... aliases an input or output"), not a wrong value.
-_GPU_CTX = pytest.mark.xfail(
-    strict=True,
-    raises=torch._dynamo.exc.InternalTorchDynamoError,
-    reason="fixed on branch h48-ops: GpuPairHistogram saves its tensors with save_for_backward",
-)
-
-
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize(
     "name, backend",
     [
         ("fastap", "cpu"),
-        pytest.param("fastap", "gpu", marks=_GPU_CTX),
+        ("fastap", "gpu"),
         ("rll", "cpu"),
         ("rll", "gpu"),
     ],
