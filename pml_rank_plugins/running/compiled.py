@@ -63,7 +63,7 @@ def describe(settings: CompileSettings) -> str:
     return ", ".join(parts)
 
 
-def _totals() -> dict[str, float] | None:
+def compile_totals() -> dict[str, float] | None:
     """Process totals so far: compile seconds, graphs compiled and graph breaks; ``None``
     where this torch has no such counters (then the time is reported as unknown, not 0)."""
     from torch._dynamo import utils  # noqa: PLC0415 -- torch's, imported by torch.compile anyway
@@ -80,18 +80,18 @@ def _totals() -> dict[str, float] | None:
 
 
 class CompileMeter:
-    """Compile time, graphs and graph breaks of this call (differences of :func:`_totals`
+    """Compile time, graphs and graph breaks of this call (differences of :func:`compile_totals`
     since construction); :meth:`new_since_last` for the per-epoch log line."""
 
     def __init__(self, settings: CompileSettings | None, compiled: list[str]) -> None:
         self.settings, self.compiled = settings, compiled
-        self.start = _totals() if settings is not None else None
+        self.start = compile_totals() if settings is not None else None
         self.last = self.start
         if settings is not None and self.start is None:
             LOGGER.warning("this torch has no Dynamo compile-time counters; time not reported")
 
     def since(self, base: dict | None) -> dict[str, float] | None:
-        now = _totals() if self.settings is not None else None
+        now = compile_totals() if self.settings is not None else None
         if now is None or base is None:
             return None
         return {k: now[k] - base[k] for k in now}
@@ -101,7 +101,7 @@ class CompileMeter:
         if self.settings is None:
             return None
         step, total = self.since(self.last), self.since(self.start)
-        self.last = _totals()
+        self.last = compile_totals()
         if step is None or total is None or step["seconds"] <= 0:
             return None
         return (
