@@ -180,7 +180,7 @@ class Protocol:
 class TrainerSpec:
     """The ``trainer:`` spec: PML trainer ``name``, its keywords as written (``num_epochs``,
     ``amp`` and ``compile``, which the runner consumes, removed) and those three (``compile``
-    as written; :func:`~pml_rank_plugins.experiment.compiling.parse_compile` reads it)."""
+    as written; ``experiment.compiling.parse_compile`` reads it)."""
 
     name: str
     kwargs: dict
