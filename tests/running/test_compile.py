@@ -39,10 +39,12 @@ def weights(run_dir) -> dict[str, torch.Tensor]:
     return {f"{m}.{k}": v for m, sd in models.items() for k, v in sd.items()}
 
 
-# The sync-free ``gpu`` backend: its compiled values equal eager before and after the fix of the
-# ``cpu`` backend under compile (issue 48, item 1); PML's own loss as the reference case.
+# FastAP on the sync-free ``gpu`` backend; RankedList on the default backend (``cpu`` for CPU
+# tensors), which compiled to wrong values before issue 48's fix of the ``cpu`` backend (item 1:
+# this case then fails, trunk.fc.weight differs); PML's own loss as the reference case.
 LOSSES = {
     "plugin_fastap_gpu": {"plugin:FastAPLoss": {"backend": "gpu"}},
+    "plugin_ranked_list_default": {"plugin:RankedListLoss": {}},
     "pml_contrastive": {"ContrastiveLoss": {}},
 }
 
