@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,8 +14,10 @@ from pml_rank_plugins import cli
 from pml_rank_plugins.cli_args import build_parser
 from pml_rank_plugins.commands.options import COMPILE_OVERRIDE, compile_overrides
 from pml_rank_plugins.experiment import ConfigError, build_experiment
+from pml_rank_plugins.experiment.compiling import CompileSettings
 from pml_rank_plugins.experiment.schema import dump_yaml, load_yaml
 from pml_rank_plugins.experiment.tuned import change_allowed
+from pml_rank_plugins.running import compiled as compiled_module
 from pml_rank_plugins.running import runner
 from pml_rank_plugins.running.checkpoints import load_checkpoint
 from pml_rank_plugins.running.compiled import compile_experiment
@@ -123,3 +126,28 @@ def test_compile_may_change_on_resume_and_in_a_tuned_comparison(tmp_path):
     assert change_allowed("trainer.MetricLossOnly.compile")
     assert change_allowed("trainer.MetricLossOnly.compile.backend")
     assert not change_allowed("trainer.MetricLossOnly.batch_size")
+
+
+def test_a_loss_that_is_no_module_is_replaced_by_its_compiled_function():
+    def plain_loss(embeddings, labels):
+        return (embeddings**2).sum() + labels.sum()
+
+    exp = SimpleNamespace(
+        extra={"compile": CompileSettings("eager")},
+        models={"trunk": torch.nn.Linear(2, 2)},
+        loss_funcs={"metric_loss": plain_loss},
+    )
+    assert compile_experiment(exp) == ["models.trunk", "loss_funcs.metric_loss"]
+    compiled = exp.loss_funcs["metric_loss"]
+    assert compiled is not plain_loss
+    x, y = torch.ones(3, 2), torch.arange(3)
+    assert float(compiled(x, y)) == float(plain_loss(x, y)) == 9.0
+
+
+def test_without_dynamo_counters_the_time_is_unknown_not_zero(monkeypatch):
+    monkeypatch.setattr(compiled_module, "compile_totals", lambda: None)
+    meter = compiled_module.CompileMeter(CompileSettings("eager"), ["models.trunk"])
+    record = meter.record()
+    assert record["seconds"] is None and record["graphs"] is None and record["backend"] == "eager"
+    assert meter.new_since_last() is None
+    assert compiled_module.CompileMeter(None, []).record() is None  # eager: no record at all
