@@ -16,7 +16,7 @@ with new inputs of the same shapes, as in training):
   never silently the next step's;
 * ``CrossBatchMemory``'s queue (``embedding_memory``, ``label_memory`` written in place, and the
   Python ``queue_idx`` / ``has_been_filled``): after each step equal to the eager module's, the
-  wrap-around included (:data:`STEPS` batches overfill the memory).
+  wrap-around included (:data:`STEPS` batches overfill the memory of :data:`MEMORY` rows).
 
 The CUDA cases (``mode="reduce-overhead"``, inductor) need a GPU and are skipped without one (the
 GPU kit runs them: ``tests/losses`` is one of its device directories). The same steps run on the
@@ -57,9 +57,9 @@ LOSSES = ["fastap", "quantized_ap", "ranked_list", "xbm_fastap", "xbm_ranked_lis
 CUDA_GRAPHS = {"mode": "reduce-overhead"}  # inductor with CUDA graph trees
 AOT = {"backend": "aot_eager"}  # the CPU analogue: Dynamo + AOT autograd, no CUDA graphs
 # The CPU analogue of the losses' two state kinds, at its compile cost (2 cores, under load):
-# RankedList (3 s), FastAP's tensor num_valid_queries (16 s, slow), the memory bank's queue
-# (slow: a graph per queue state). Every loss's compiled
-# value and gradient on the CPU is the compile matrix's (issue 48, item 2).
+# RankedList (3-10 s), FastAP's tensor num_valid_queries (12-16 s, slow), the memory bank's
+# queue (22 s, slow: a graph per queue state). Every loss's compiled value and gradient on the
+# CPU is the compile matrix's (issue 48, item 2).
 CPU_CASES = [
     pytest.param("ranked_list", "cpu", "gpu", AOT, id="ranked_list-cpu-gpu-aot_eager"),
     pytest.param(
