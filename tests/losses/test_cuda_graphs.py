@@ -57,14 +57,12 @@ LOSSES = ["fastap", "quantized_ap", "ranked_list", "xbm_fastap", "xbm_ranked_lis
 CUDA_GRAPHS = {"mode": "reduce-overhead"}  # inductor with CUDA graph trees
 AOT = {"backend": "aot_eager"}  # the CPU analogue: Dynamo + AOT autograd, no CUDA graphs
 # The CPU analogue of the losses' two state kinds, at its compile cost (2 cores, under load):
-# RankedList (3-10 s), FastAP's tensor num_valid_queries (12-16 s, slow), the memory bank's
-# queue (22 s, slow: a graph per queue state). Every loss's compiled value and gradient on the
+# RankedList (1-10 s), FastAP's tensor num_valid_queries (3-16 s), the memory bank's queue
+# (6-22 s, slow: a graph per queue state). Every loss's compiled value and gradient on the
 # CPU is the compile matrix's (issue 48, item 2).
 CPU_CASES = [
     pytest.param("ranked_list", "cpu", "gpu", AOT, id="ranked_list-cpu-gpu-aot_eager"),
-    pytest.param(
-        "fastap", "cpu", "gpu", AOT, marks=pytest.mark.slow, id="fastap-cpu-gpu-aot_eager"
-    ),
+    pytest.param("fastap", "cpu", "gpu", AOT, id="fastap-cpu-gpu-aot_eager"),
     pytest.param(
         "xbm_ranked_list",
         "cpu",
