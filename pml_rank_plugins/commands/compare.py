@@ -16,7 +16,15 @@ from .base import (
     pick,
     report_failures,
 )
-from .options import CONFIGS_HELP, add_common, add_methods, add_resume, add_stats
+from .options import (
+    CONFIGS_HELP,
+    add_common,
+    add_compile,
+    add_methods,
+    add_resume,
+    add_stats,
+    compile_overrides,
+)
 
 __all__ = ["Compare", "RUN_OPTIONS"]
 
@@ -51,6 +59,7 @@ class Compare(Command):
         )
         add_stats(parser, "method")
         add_common(parser)
+        add_compile(parser)
         parser.add_argument(
             "--tuned",
             default=None,
@@ -75,6 +84,7 @@ class Compare(Command):
         from ..reporting import markdown_table, run_comparison
         from ..running import is_main_process
 
+        args.overrides = compile_overrides(args)  # --compile: the first --set
         if args.allow_budget_change and not args.tuned:
             raise BadArgument("--allow-budget-change applies only with --tuned DIR")
         names = methods(args)

@@ -15,12 +15,14 @@ group                      commands
                            (``--resume`` only)
 :func:`add_stats`          ``--reference`` and ``--jobs``: compare, sweep, study
 :func:`add_which`          ``--which best|latest``: eval, embed
+:func:`add_compile`        ``--compile`` (:func:`compile_overrides`): train, compare, tune
 =========================  =================================================================
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 __all__ = [
     "CONFIGS_HELP",
@@ -29,12 +31,14 @@ __all__ = [
     "LIST_KINDS",
     "RUN_DIR_HELP",
     "add_common",
+    "add_compile",
     "add_data_root",
     "add_device",
     "add_methods",
     "add_resume",
     "add_stats",
     "add_which",
+    "compile_overrides",
 ]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N or mps"
@@ -149,3 +153,23 @@ def add_which(parser: argparse.ArgumentParser, verb: str) -> None:
         choices=["best", "latest"],
         help=f"checkpoint to {verb}, e.g. --which latest (default best)",
     )
+
+
+# What --compile stands for: the first --set, so that an explicit --set trainer.compile=... wins.
+COMPILE_OVERRIDE = "trainer.compile=true"
+
+
+def add_compile(parser: argparse.ArgumentParser) -> None:
+    """``--compile``: ``torch.compile`` the models and losses (``trainer.compile: true``)."""
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the models and losses (as --set trainer.compile=true; a --set "
+        "trainer.compile={backend: aot_eager} chooses the backend, mode, fullgraph), e.g. "
+        "--compile; compile time goes to the log and metrics.json",
+    )
+
+
+def compile_overrides(args: Any) -> list[str]:
+    """``args.overrides`` with ``--compile`` as the first ``--set`` (see :func:`add_compile`)."""
+    return ([COMPILE_OVERRIDE] if getattr(args, "compile", False) else []) + list(args.overrides)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from .base import Command, check_config_devices, config_paths, data_root, load
-from .options import CONFIG_HELP, add_common, add_resume
+from .options import CONFIG_HELP, add_common, add_compile, add_resume, compile_overrides
 
 __all__ = ["Train"]
 
@@ -35,11 +35,13 @@ class Train(Command):
             "data_root (--set trainer.num_epochs=12 extends a finished run)",
         )
         add_common(parser)
+        add_compile(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from ..experiment import collect_methods, slug
         from ..running import is_main_process, named_timeouts, train
 
+        args.overrides = compile_overrides(args)  # --compile: the first --set
         methods = [args.method] if args.method else None
         (path,) = config_paths([args.config])
         configs = load(collect_methods, [path], args.overrides, methods, data_root(args))

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .base import Command, check_config_devices, config_paths, data_root, load, methods
-from .options import CONFIG_HELP, add_common, add_methods
+from .options import CONFIG_HELP, add_common, add_compile, add_methods, compile_overrides
 
 __all__ = ["Tune"]
 
@@ -51,11 +51,13 @@ class Tune(Command):
             help="K worker processes on each study, e.g. --jobs 2",
         )
         add_common(parser)
+        add_compile(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from ..experiment import collect_methods
         from ..reporting import run_tune
 
+        args.overrides = compile_overrides(args)  # --compile: the first --set
         (path,) = config_paths([args.config])
         names, root = methods(args), data_root(args)
         configs = load(collect_methods, [path], args.overrides, names, root)

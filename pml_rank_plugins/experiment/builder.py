@@ -28,6 +28,7 @@ from pytorch_metric_learning.utils import common_functions as pml_common
 from ..trainers import distributed as scaled
 from . import registry, values
 from .accuracy import make_accuracy_calculator, make_tester
+from .compiling import parse_compile
 from .data_root import resolve_weights
 from .datasets import build_splits
 from .instantiate import _named_params, build_object, call_named, instantiate
@@ -245,6 +246,7 @@ def build_experiment(
         scaled.parse_amp(amp)
     except ValueError as e:
         raise ConfigError(f"trainer.{tname}.{e}") from None
+    compiling = parse_compile(tkwargs.pop("compile", None), f"trainer.{tname}.compile")
     registry.check_keywords(trainer_cls, tkwargs, "trainer", tname)
     if "collate_fn" in _named_params(trainer_cls):  # unequal image sizes: name the transform key
         tkwargs.setdefault("collate_fn", collate_for(datasets["train"], "train split"))
@@ -268,7 +270,11 @@ def build_experiment(
         trainer_cls=trainer_cls,
         trainer_kwargs=tkwargs,
         num_epochs=num_epochs,
-        extra={"amp": amp, "grad_scaler": scaled.make_grad_scaler(amp, device)},
+        extra={
+            "amp": amp,
+            "grad_scaler": scaled.make_grad_scaler(amp, device),
+            "compile": compiling,  # a CompileSettings or None (running.compiled applies it)
+        },
         spec=spec,
     )
 

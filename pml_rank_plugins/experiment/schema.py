@@ -428,6 +428,6 @@ def _check_plugin_twin(where: str, name: str, obj: Any, kwargs: dict) -> None:
 
 
 # Keywords the runner consumes itself (not passed to the class).
-RUNNER_KWARGS = {"trainer": ("num_epochs", "amp")}
+RUNNER_KWARGS = {"trainer": ("num_epochs", "amp", "compile")}
 # Keys of ``split:`` other than the split function spec.
 SPLIT_KEYS = ("names", "query_gallery", "fold")

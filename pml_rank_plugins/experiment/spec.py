@@ -178,20 +178,23 @@ class Protocol:
 
 @dataclass(frozen=True)
 class TrainerSpec:
-    """The ``trainer:`` spec: PML trainer ``name``, its keywords as written (``num_epochs`` and
-    ``amp``, which the runner consumes, removed) and those two."""
+    """The ``trainer:`` spec: PML trainer ``name``, its keywords as written (``num_epochs``,
+    ``amp`` and ``compile``, which the runner consumes, removed) and those three (``compile``
+    as written; ``experiment.compiling.parse_compile`` reads it)."""
 
     name: str
     kwargs: dict
     num_epochs: int
     amp: Any
+    compile: Any = None
 
     @classmethod
     def parse(cls, config: Mapping) -> TrainerSpec:
         name, kwargs = spec_name_and_kwargs(config["trainer"], "trainer")
         kwargs = dict(kwargs)
         num_epochs = int(kwargs.pop("num_epochs", 1))
-        return cls(str(name), kwargs, num_epochs, kwargs.pop("amp", None))
+        amp = kwargs.pop("amp", None)
+        return cls(str(name), kwargs, num_epochs, amp, kwargs.pop("compile", None))
 
 
 @dataclass(frozen=True, eq=False)

@@ -46,6 +46,8 @@ RERUN_FIX = (
 # the best epoch, so they belong to the budget).
 ALLOWED_KEYS = ("seed", "device", "data_root", "name")
 ALLOWED_LAST = ("dataloader_num_workers",)
+# How the same computation is executed: ``trainer.<name>.compile`` and its sub-keys.
+EXECUTION_ONLY = ("compile",)
 EVALUATION_ONLY = (
     "eval.test",
     "eval.revisited",
@@ -93,6 +95,9 @@ def differences(before: Mapping, after: Mapping) -> dict[str, tuple[Any, Any]]:
 def change_allowed(path: str) -> bool:
     """True for the keys a tuned comparison may change (see :data:`ALLOWED_KEYS`)."""
     if path in ALLOWED_KEYS or path.rsplit(".", 1)[-1] in ALLOWED_LAST:
+        return True
+    parts = path.split(".")
+    if parts[0] == "trainer" and len(parts) > 2 and parts[2] in EXECUTION_ONLY:
         return True
     return any(path == k or path.startswith(k + ".") for k in EVALUATION_ONLY)
 

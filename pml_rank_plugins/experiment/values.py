@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from ..functional.validation import check_int
+from .compiling import parse_compile
 from .errors import ConfigError
 
 # Upper bounds: far above any real run, low enough to catch a unit mistake (1e15 iterations).
@@ -88,7 +89,8 @@ def check_trainer(name: str, kwargs: dict) -> None:
     """The trainer keywords the runner reads or PML does not validate, keyed ``trainer.NAME.KEY``.
 
     ``batch_size`` is required; ``num_epochs``, ``iterations_per_epoch`` (null: PML derives
-    it), ``dataloader_num_workers`` and ``label_hierarchy_level`` are checked when present.
+    it), ``dataloader_num_workers``, ``label_hierarchy_level`` and ``compile``
+    (:func:`~pml_rank_plugins.experiment.compiling.parse_compile`) are checked when present.
     """
     key = f"trainer.{name}"
     if "batch_size" not in kwargs:
@@ -102,6 +104,8 @@ def check_trainer(name: str, kwargs: dict) -> None:
         integer(kwargs["dataloader_num_workers"], f"{key}.dataloader_num_workers", 0, MAX_WORKERS)
     if "label_hierarchy_level" in kwargs:
         integer(kwargs["label_hierarchy_level"], f"{key}.label_hierarchy_level", 0)
+    if "compile" in kwargs:
+        parse_compile(kwargs["compile"], f"{key}.compile")
 
 
 def check_tester(name: str, kwargs: dict) -> None:

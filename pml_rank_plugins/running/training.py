@@ -8,7 +8,8 @@ Run directory layout::
     RUN_DIR/checkpoints/best.pt      model weights of the best validation epoch
     RUN_DIR/logs/                    record-keeper CSV files + logs.db (SQLite)
     RUN_DIR/tensorboard/             tensorboard events
-    RUN_DIR/metrics.json             validation history, best epoch, test metrics
+    RUN_DIR/metrics.json             validation history, best epoch, test metrics (and, with
+                                     trainer.compile, the compile time: running/compiled.py)
 
 Each epoch is one call to PML's ``trainer.train(start_epoch=e, num_epochs=e)`` preceded by
 ``sampler.set_epoch(e)``, so an epoch's batches depend only on the checkpointed state: a run
@@ -44,6 +45,7 @@ from .checkpoints import (
     state_dicts,
 )
 from .clock import PhaseClock
+from .compiled import CompileMeter, compile_experiment
 from .evaluate import revisited_eval, run_eval
 from .load import save_embeddings
 from .resume import check_resume_config, plateaued
@@ -196,6 +198,8 @@ class EpochLoop:
             self.check = nonfinite.NonFiniteCheck(chained=chained)
             self.check.watch(self.exp.models["embedder"])  # the embeddings the losses get
             self.check.watch_losses(self.exp.loss_funcs, self.exp.mining_funcs)  # to replay
+            # trainer.compile: models and losses compiled in place (lazily, at their first call)
+            self.compile = CompileMeter(self.exp.extra.get("compile"), compile_experiment(self.exp))
             self.trainer = builder.make_trainer(self.exp, end_of_iteration_hook=self.check)
 
     def first_epoch(self) -> int:
@@ -300,6 +304,9 @@ class EpochLoop:
         LOGGER.info(
             epoch_line(row, num, self.val_split, self.primary, self.state.best, self.t_epoch)
         )
+        compiling = self.compile.new_since_last()  # the epoch's compile time, when it had any
+        if compiling is not None:
+            LOGGER.info(compiling)
 
     def should_stop(self, row: dict) -> bool:
         """``stop_after_epoch`` reached, or ``on_epoch(row)`` (a pruner) says stop."""
@@ -350,6 +357,8 @@ class EpochLoop:
             "train_seconds_this_call": time.perf_counter() - self.t0,
             "phase_seconds": self.clock.as_dict(),  # this call's (running/clock.py)
         }
+        if self.compile.settings is not None:  # trainer.compile: this call's compile time
+            timing["compile"] = self.compile.record()
         info = distributed.run_info(self.ctx, self.exp.extra.get("amp"))
         return RunResult(name, seed, self.state, status, test or {}, timing=timing, run_info=info)
 
