@@ -55,7 +55,7 @@ if [ "$tiny" = 1 ]; then
 else
     device=cuda backends=cpu,gpu,triton bank_backends=gpu,triton,cpu
     sizes=256,1024,4096,16384 big=65536 pml_max=16384
-    cpu_max=16384 n_ops=4096 graph_sizes=1024,4096,16384 graph_hist=gpu,triton graph_rll=gpu
+    cpu_max=16384 n_ops=4096 graph_sizes=1024,4096,16384 graph_hist=gpu,triton graph_rll=gpu,triton
     memory=(--memory 65536 --batch 256 --dim 128)
     timing=(--warmup 2 --repeats 20 --rounds 1)
     train=(--arch resnet50 --image-size 224 --batch 256 --steps 10 --warmup 3)

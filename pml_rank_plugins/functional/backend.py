@@ -10,8 +10,10 @@ Backends:
   ``bytes_per_pair``), and no host synchronisation in forward or backward (masks and
   multiplications instead of ``nonzero`` / boolean indexing, no ``.item()``). It runs on any
   device, so CPU CI tests it.
-* ``triton``: a fused Triton kernel where the family has one (the soft-histogram AP losses),
-  else the ``gpu`` path. Needs the ``triton`` package; on CPU it runs only under
+* ``triton``: the fused Triton kernels (the soft-histogram AP losses,
+  ``functional/histogram/triton_kernel.py``; the Ranked List loss,
+  ``functional/ranked_list/triton_kernel.py``), else the ``gpu`` path (the miner, other
+  distances). Needs the ``triton`` package; on CPU it runs only under
   ``TRITON_INTERPRET=1`` (for tests). The fused kernels compute in float32: float16 / bfloat16
   inputs are upcast, float64 is refused with a ``TypeError`` rather than silently rounded.
 * ``auto`` (the default): the fastest backend that is correct for the tensors (see

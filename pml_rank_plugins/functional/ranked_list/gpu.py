@@ -25,13 +25,11 @@ repeated per chunk in the backward when there are several chunks) + about 30 ele
 ``(rows, M)`` passes; memory ``bytes_per_pair(dtype) x rows x M`` of chunk temporaries
 (+ 4 or 8 bytes x N x M kept for the backward at one chunk) + ``O((N + M) d)``.
 
-Why no Triton kernel for this family (the ``triton`` backend maps here): at one chunk the work
-is the ``N x M x d`` products plus a few dozen fused-by-the-allocator elementwise passes over
-``N x M``; with d = 128 the products dominate (they are what a fused kernel would still do), and
-there is no histogram scatter to fuse. The issue's measurements (N = 4096 on an H200: 8.0 ms at
-one chunk against a 0.6 ms floor, 4,162 kernels by default) put the gap in the chunking and the
-host syncs, which this path removes; a Triton kernel is left until a GPU measurement of this
-path shows the elementwise passes, not the products, dominate.
+The ``triton`` backend no longer maps here for the loss: the fused kernel of
+:mod:`.triton_kernel` recomputes tiles of ``Q R^T`` and keeps no ``N x M`` buffer. This path is
+still the one for distances other than the default Euclidean ``LpDistance``, for float64 under
+``auto``, and for :class:`~pml_rank_plugins.miners.RankedListMiner` on ``triton`` (its index
+lists need the mined masks).
 """
 
 from __future__ import annotations
