@@ -23,7 +23,7 @@ pml-rank list [SUBSTRING] [--kind KIND]   # names the registry resolves, grouped
     --kind configs: the shipped configs
 Every command that reads configs or run folders takes --data-root DIR (default $PML_RANK_DATA;
 for eval and embed the run's saved data_root), --device (cpu, cuda, cuda:N, mps) and
---allow-module MODULE; train/compare/sweep/check/tune/study take --set; train/compare/tune take
+--allow-module MODULE; train/compare/sweep/check/tune/study take --set; train/compare/tune/study take
 --compile (torch.compile the models and losses: --set trainer.compile=true).
 torchrun --nproc_per_node=R -m pml_rank_plugins train|compare ...   # R processes, one
     global batch (trainer.batch_size) split over them; see the "Scaling" page of the docs

@@ -15,7 +15,8 @@ group                      commands
                            (``--resume`` only)
 :func:`add_stats`          ``--reference`` and ``--jobs``: compare, sweep, study
 :func:`add_which`          ``--which best|latest``: eval, embed
-:func:`add_compile`        ``--compile`` (:func:`compile_overrides`): train, compare, tune
+:func:`add_compile`        ``--compile`` (:func:`compile_overrides`): train, compare, tune,
+                           study
 =========================  =================================================================
 """
 

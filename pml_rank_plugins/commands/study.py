@@ -8,7 +8,15 @@ import sys
 from pathlib import Path
 
 from .base import Command, check_config_devices, config_paths, data_root, load, methods
-from .options import CONFIG_HELP, add_common, add_methods, add_resume, add_stats
+from .options import (
+    CONFIG_HELP,
+    add_common,
+    add_compile,
+    add_methods,
+    add_resume,
+    add_stats,
+    compile_overrides,
+)
 
 __all__ = ["Study"]
 
@@ -60,12 +68,14 @@ class Study(Command):
             action="store_true",
             help="draw no retrieval pictures in the split folders",
         )
+        add_compile(parser)
         add_common(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from ..experiment import collect_methods
         from ..reporting import run_study
 
+        args.overrides = compile_overrides(args)  # --compile: the first --set
         (path,) = config_paths([args.config])
         names, root = methods(args), data_root(args)
         configs = load(collect_methods, [path], args.overrides, names, root)

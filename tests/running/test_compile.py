@@ -99,8 +99,8 @@ def test_the_compile_flag_is_the_first_set(tmp_path):
     assert json.loads((out / "metrics.json").read_text())["compile"]["backend"] == "aot_eager"
 
 
-@pytest.mark.parametrize("command", ["train", "compare", "tune"])
-def test_train_compare_and_tune_take_compile(command):
+@pytest.mark.parametrize("command", ["train", "compare", "tune", "study"])
+def test_train_compare_tune_and_study_take_compile(command):
     args = build_parser().parse_args([command, "default", "--compile", "--set", "seed=1"])
     assert compile_overrides(args) == [COMPILE_OVERRIDE, "seed=1"]
     args = build_parser().parse_args([command, "default", "--set", "seed=1"])
