@@ -6,6 +6,8 @@ Arguments shared by every kernel, in order: the six pointers (queries, refs, lab
 self_columns, dense categories; unused ones point anywhere, their branch is compiled out), the
 kernel's own outputs, then ``n, m, d``, the strides, ``shift = offset + 1``, ``scale`` and the
 split length.
+The score tile ``Q R^T``, shared with the Ranked List kernel, is
+:func:`~pml_rank_plugins.functional.triton_tiles.score_tile`.
 """
 
 from __future__ import annotations
@@ -17,25 +19,11 @@ except ImportError:  # tested in-process by hiding the module
     triton = None
 
 if triton is not None:
+    # The Q R^T tile both fused kernels share; a kernel finds it in this module's globals.
+    from ..triton_tiles import score_tile
+
     # Dense kernel signatures: black's one argument per line would double the module.
     # fmt: off
-
-    @triton.jit
-    def _scores(q_ptr, r_ptr, rows, cols, row_ok, col_ok, d, sqn, sqd, srm, srd,
-                BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                PRECISION: tl.constexpr):
-        """The ``(BLOCK_N, BLOCK_M)`` tile of ``Q R^T`` (float32), ``BLOCK_K`` columns at a time;
-        rows and columns outside the matrices read zeros."""
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k0 in range(0, d, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < d
-            q = tl.load(q_ptr + rows[:, None] * sqn + ks[None, :] * sqd,
-                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            r = tl.load(r_ptr + cols[None, :] * srm + ks[:, None] * srd,
-                        mask=col_ok[None, :] & k_ok[:, None], other=0.0)
-            acc = tl.dot(q, r, acc, input_precision=PRECISION)
-        return acc
 
     @triton.jit
     def _categories(lab_ptr, rlab_ptr, self_ptr, cat_ptr, scn, scm, rows, cols, row_ok, col_ok,
@@ -91,8 +79,8 @@ if triton is not None:
         for c0 in range(first, stop, BLOCK_M):
             cols = c0 + tl.arange(0, BLOCK_M)
             col_ok = cols < stop
-            s = _scores(q_ptr, r_ptr, rows, cols, row_ok, col_ok, d, sqn, sqd, srm, srd,
-                        BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
+            s = score_tile(q_ptr, r_ptr, rows, cols, row_ok, col_ok, d, sqn, sqd, srm, srd,
+                           BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
             pos, neg = _categories(lab_ptr, rlab_ptr, self_ptr, cat_ptr, scn, scm, rows, cols,
                                    row_ok, col_ok, DENSE, HAS_SELF)
             # Bin units shifted by one bin as in the reference (u + 1 = scale s + offset + 1),
@@ -122,8 +110,8 @@ if triton is not None:
         tile: the one body of both gradient kernels (Triton inlines it). ``dS = dLoss/dS`` is
         recomputed: the slope table (already times ``scale``) read at each pair's category and
         bin interval; zero for ignored pairs and clamped values."""
-        s = _scores(q_ptr, r_ptr, rows, cols, row_ok, col_ok, d, sqn, sqd, srm, srd,
-                    BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
+        s = score_tile(q_ptr, r_ptr, rows, cols, row_ok, col_ok, d, sqn, sqd, srm, srd,
+                       BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
         pos, neg = _categories(lab_ptr, rlab_ptr, self_ptr, cat_ptr, scn, scm, rows, cols,
                                row_ok, col_ok, DENSE, HAS_SELF)
         u = s * scale + shift  # shifted bin units, as in the forward

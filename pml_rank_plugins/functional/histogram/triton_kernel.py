@@ -39,7 +39,9 @@ against the float64 torch kernel): largest histogram difference 1e-5 to 3.4e-5 (
 2.4e-7). Forward + backward, d = 128, L = 10, self-ranking, against ``S = X X^T;
 (S * S).sum().backward()`` (the floor): 2.2x the floor at N = 4096 (1.5 ms; the torch kernel
 11-18 ms), 1.7x at N = 16384 and N = 65536 (ieee: 6-7.5x). :class:`Tiles` changes the tile
-sizes and the precision (``benchmarks/bench_histogram_triton.py`` sweeps them).
+sizes and the precision (``benchmarks/bench_histogram_triton.py`` sweeps them); it, the grid
+sizing and the score tile are shared with the Ranked List kernel
+(:mod:`pml_rank_plugins.functional.triton_tiles`).
 
 Under ``torch.compile`` the kernels are two ``torch.library`` custom ops,
 ``pml_rank::triton_pair_histograms`` and its backward (:mod:`.triton_ops`, launch code in
@@ -56,9 +58,9 @@ from __future__ import annotations
 
 import torch
 
+from ..triton_tiles import DEFAULT_TILES, Tiles
 from . import triton_jit, triton_ops
 from .triton_jit import triton
-from .triton_launch import DEFAULT_TILES, Tiles
 
 # At most this many bin centres (L + 1): two (block_n, bins) float32 accumulators stay in
 # registers. FastAP's num_bins is L (<= 127 here), mAP_Q's num_bins is L + 1 (<= 128 here).

@@ -27,37 +27,24 @@ it calls the op; the custom-op dispatch would add host time per call (measured i
 
 Optional tensors: ``labels`` / ``ref_labels`` / ``self_columns`` are ``None`` when dense
 ``categories`` are given, and ``categories`` is ``None`` with labels (schema ``Tensor?``).
-``tiles`` is :class:`~.triton_launch.Tiles` as eight integers (``target_programs`` ``-1`` for
-``None``) and ``precision`` its string. Inputs are validated by the caller,
-:func:`~.triton_kernel.triton_pair_histograms`; the operators expect float32 embeddings on a
-device the kernels run on. Time and memory: see :mod:`.triton_kernel`.
+``tiles`` and ``precision`` are :class:`~pml_rank_plugins.functional.triton_tiles.Tiles` as
+:meth:`~pml_rank_plugins.functional.triton_tiles.Tiles.encode` writes them (eight integers,
+``target_programs`` ``-1`` for ``None``, and the precision string). Inputs are validated by the
+caller, :func:`~.triton_kernel.triton_pair_histograms`; the operators expect float32 embeddings
+on a device the kernels run on. Time and memory: see :mod:`.triton_kernel`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from .triton_launch import Launch, Tiles, forward_histograms, gradient
+from ..triton_tiles import Tiles
+from .triton_launch import Launch, forward_histograms, gradient
 
 _Tensor = torch.Tensor
-
-
-def tile_args(tiles: Tiles) -> tuple[list[int], str]:
-    """``(sizes, precision)``: ``tiles`` in the operators' schema (``int[]``, ``str``)."""
-    target = -1 if tiles.target_programs is None else int(tiles.target_programs)
-    sizes = [tiles.block_n, tiles.block_m, tiles.block_k, tiles.block_d, tiles.num_warps,
-             tiles.num_stages, tiles.programs_per_sm, target]  # fmt: skip
-    return [int(size) for size in sizes], str(tiles.precision)
-
-
-def _tiles(sizes: Sequence[int], precision: str) -> Tiles:
-    """The inverse of :func:`tile_args`."""
-    *fixed, target = (int(size) for size in sizes)
-    return Tiles(*fixed, target_programs=None if target < 0 else target, precision=precision)
 
 
 def _launch(queries, refs, labels, ref_labels, self_columns, categories, offset, scale,
@@ -68,7 +55,7 @@ def _launch(queries, refs, labels, ref_labels, self_columns, categories, offset,
         return None if index is None else index.contiguous()
 
     return Launch(queries, refs, flat(labels), flat(ref_labels), flat(self_columns), categories,
-                  offset, scale, num_intervals, _tiles(tiles, precision))  # fmt: skip
+                  offset, scale, num_intervals, Tiles.decode(tiles, precision))  # fmt: skip
 
 
 # Explicit schemas: ``int`` (not the inferred ``SymInt``) for the bin count and the tiles, which
@@ -216,12 +203,12 @@ class EagerPairHistograms(torch.autograd.Function):
 
 def pair_histograms(queries, refs, labels, ref_labels, self_columns, categories, offset: float,
                     scale: float, num_intervals: int, tiles: Tiles) -> torch.Tensor:  # fmt: skip
-    """The histograms with :class:`~.triton_launch.Tiles` (checked inputs: see
-    :func:`~.triton_kernel.triton_pair_histograms`): the custom op
+    """The histograms with ``tiles`` (a :class:`~pml_rank_plugins.functional.triton_tiles.Tiles`;
+    checked inputs: see :func:`~.triton_kernel.triton_pair_histograms`): the custom op
     ``pml_rank::triton_pair_histograms`` under ``torch.compile``, :class:`EagerPairHistograms`
     otherwise (the same launches). Differentiable w.r.t. ``queries`` and ``refs`` (the same
     tensor for both: autograd adds the two gradients)."""
-    sizes, precision = tile_args(tiles)
+    sizes, precision = tiles.encode()
     args = (queries, refs, labels, ref_labels, self_columns, categories, float(offset),
             float(scale), int(num_intervals), sizes, precision)  # fmt: skip
     if torch.compiler.is_compiling():
@@ -229,4 +216,4 @@ def pair_histograms(queries, refs, labels, ref_labels, self_columns, categories,
     return EagerPairHistograms.apply(*args)
 
 
-__all__ = ["EagerPairHistograms", "gradient_op", "histograms_op", "pair_histograms", "tile_args"]
+__all__ = ["EagerPairHistograms", "gradient_op", "histograms_op", "pair_histograms"]

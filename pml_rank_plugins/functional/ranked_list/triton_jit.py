@@ -8,6 +8,8 @@ squared norms, labels, ref_labels, self_columns, dense categories, dense miner w
 ones point anywhere, their branch is compiled out), the kernel's own pointers, then
 ``n, m, d``, the strides, ``alpha``, ``thr = alpha - margin``, ``Tn``, ``Tp`` and the split
 length.
+The score tile ``Q R^T``, shared with the histogram kernel, is
+:func:`~pml_rank_plugins.functional.triton_tiles.score_tile`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ except ImportError:  # tested in-process by hiding the module
 NUM_STATS = 10
 
 if triton is not None:
+    # The Q R^T tile both fused kernels share; a kernel finds it in this module's globals.
+    from ..triton_tiles import score_tile
+
     # Dense kernel signatures: black's one argument per line would double the module.
     # fmt: off
 
@@ -41,23 +46,6 @@ if triton is not None:
         return tl.where(mask, _scaled_exp(tl.where(mask, x, 0.0), T), 0.0)
 
     @triton.jit
-    def _scores(q_ptr, r_ptr, rows, cols, row_ok, col_ok, d, sqn, sqd, srm, srd,
-                BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                PRECISION: tl.constexpr):
-        """The ``(BLOCK_N, BLOCK_M)`` tile of ``Q R^T`` (float32), ``BLOCK_K`` columns at a time;
-        rows and columns outside the matrices read zeros."""
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k0 in range(0, d, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < d
-            q = tl.load(q_ptr + rows[:, None] * sqn + ks[None, :] * sqd,
-                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            r = tl.load(r_ptr + cols[None, :] * srm + ks[:, None] * srd,
-                        mask=col_ok[None, :] & k_ok[:, None], other=0.0)
-            acc = tl.dot(q, r, acc, input_precision=PRECISION)
-        return acc
-
-    @triton.jit
     def _mined(q_ptr, r_ptr, qsq_ptr, rsq_ptr, lab_ptr, rlab_ptr, self_ptr, cat_ptr, rows, cols,
                row_ok, col_ok, d, sqn, sqd, srm, srd, scn, scm, alpha, thr,
                BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -69,8 +57,8 @@ if triton is not None:
         the dense int8 categories (0 / 1, any other value ignored) or from the labels (equal:
         positive) with each row's own column (``self_columns``, or the diagonal) ignored.
         Pairs outside the matrices are neither."""
-        s = _scores(q_ptr, r_ptr, rows, cols, row_ok, col_ok, d, sqn, sqd, srm, srd,
-                    BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
+        s = score_tile(q_ptr, r_ptr, rows, cols, row_ok, col_ok, d, sqn, sqd, srm, srd,
+                       BLOCK_N, BLOCK_M, BLOCK_K, PRECISION)
         qsq = tl.load(qsq_ptr + rows, mask=row_ok, other=0.0)
         rsq = tl.load(rsq_ptr + cols, mask=col_ok, other=0.0)
         # NaN propagates (as torch's clamp_min): a non-finite embedding makes the loss NaN, the

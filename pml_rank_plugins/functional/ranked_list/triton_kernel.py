@@ -43,11 +43,13 @@ Precision: ``tl.dot`` with ``input_precision="tf32x3"`` (float32 accuracy on ten
 the histogram kernel (:mod:`pml_rank_plugins.functional.histogram.triton_kernel`). Under the
 interpreter the products are numpy float32 ones.
 
-Not yet timed on a GPU: the defaults of :class:`Tiles` are the histogram kernel's. Compiled
-ahead of time for sm_90a here (triton 3.8's ptxas, no GPU), 64 x 64 tiles, 4 warps: 255
-registers each; spills of 0 bytes (forward, labels), 3,776 (forward, a miner's categories and
-weights), 1,140 (``grad_Q``) and 788 (``grad_R``), against 632 / 796 for the histogram
-kernel's forward / ``grad_Q``; with 8 warps 0, -, 208 and 196 (``block_d=64``: 52 and 100).
+Not yet timed on a GPU: :class:`Tiles` (shared with the histogram kernel, as are the launch
+sizing and the score tile: :mod:`pml_rank_plugins.functional.triton_tiles`) has the histogram
+kernel's defaults. Compiled ahead of time for sm_90a here (triton 3.8's ptxas, no GPU), 64 x 64
+tiles, 4 warps: 255 registers each; spills of 0 bytes (forward, labels), 3,776 (forward, a
+miner's categories and weights), 1,140 (``grad_Q``) and 788 (``grad_R``), against 632 / 796
+for the histogram kernel's forward / ``grad_Q``; with 8 warps 0, -, 208 and 196
+(``block_d=64``: 52 and 100).
 A GPU session should sweep ``num_warps`` and ``block_d`` (``Tiles``).
 
 Compile-ready: the kernel is two ``torch.library`` custom operators, ``pml_rank::ranked_list``
@@ -66,12 +68,12 @@ raises ``RuntimeError``. On CPU the kernels run only in Triton's interpreter:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional, Union
 
 import torch
 
 from ..sync_free_inputs import autocast_off
+from ..triton_tiles import DEFAULT_TILES, Tiles
 from . import triton_jit
 from .gpu_steps import DensePairs, DenseWeights, LabelPairs, query_scales
 from .params import check_embedding_pair, check_loss_finite, check_loss_range, checked_params
@@ -79,36 +81,6 @@ from .reference import RankedListTerms
 from .triton_jit import triton
 from .triton_ops import merge_splits, ranked_list_grad_op, ranked_list_op
 
-
-@dataclasses.dataclass(frozen=True)
-class Tiles:
-    """Launch parameters: ``block_n`` query rows x ``block_m`` reference columns per tile (both
-    >= 16 for ``tl.dot``, powers of two), ``block_k`` embedding columns per ``tl.dot`` step,
-    ``block_d`` (at most) gradient columns per backward program; the forward's column splits,
-    ``grad_Q``'s column splits and ``grad_R``'s row splits are chosen to launch about
-    ``target_programs`` programs (``None``: ``programs_per_sm`` x the GPU's multiprocessor
-    count; 1 on CPU); ``precision``: ``tl.dot``'s ``input_precision``. Untuned on a GPU: the
-    histogram kernel's defaults. The interpreter ignores ``precision``, ``num_warps`` and
-    ``num_stages``."""
-
-    block_n: int = 64
-    block_m: int = 64
-    block_k: int = 32
-    block_d: int = 128
-    num_warps: int = 4
-    num_stages: int = 2
-    programs_per_sm: int = 4
-    target_programs: Optional[int] = None
-    precision: str = "tf32x3"
-
-    def as_list(self) -> list[int]:
-        """The integer fields, as the custom operators take them (``target_programs`` 0 for
-        ``None``)."""
-        return [self.block_n, self.block_m, self.block_k, self.block_d, self.num_warps,
-                self.num_stages, self.programs_per_sm, self.target_programs or 0]  # fmt: skip
-
-
-DEFAULT_TILES = Tiles()
 _PRECISIONS = ("tf32x3", "ieee", "tf32")
 
 
@@ -241,7 +213,7 @@ def triton_ranked_list_terms(
         loss, pos_loss, neg_loss, num_pos, num_neg, stats = ranked_list_op(
             queries, refs, labels, ref_labels, own, categories, weights, diagonal, params.alpha,
             params.margin, params.Tn, params.Tp, params.lam, params.lam_pos, params.share,
-            tiles.as_list(), tiles.precision,
+            *tiles.encode(),
         )  # fmt: skip
         if params.share:
             # A constant per query: autograd scales the upstream gradient g_i by it.

@@ -8,8 +8,10 @@ holds the kernels).
   or the references.
 
 Both have fake (meta) implementations, so ``torch.compile(fullgraph=True)`` traces through them,
-and both pass ``torch.library.opcheck``. Launch parameters travel as an ``int[]`` (the integer
-fields of :class:`.triton_kernel.Tiles`) and a precision string. Without triton the module
+and both pass ``torch.library.opcheck``. Launch parameters travel as an ``int[]`` and a precision
+string, :class:`~pml_rank_plugins.functional.triton_tiles.Tiles` as
+:meth:`~pml_rank_plugins.functional.triton_tiles.Tiles.encode` writes them (the sizing helpers
+and the score tile are shared with the histogram kernel there too). Without triton the module
 imports and the operators are defined, but calling one on a non-empty batch fails
 (:func:`.triton_kernel.triton_ranked_list_terms` checks first and says why). Pure torch + the
 kernels, no PML import.
@@ -17,45 +19,23 @@ kernels, no PML import.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional
 
 import torch
 
+from .. import triton_tiles
 from . import triton_jit
 from .gpu_steps import inverse_or_zero
-from .triton_jit import NUM_STATS, triton
+from .triton_jit import NUM_STATS
 
 _NAMESPACE = "pml_rank"
-_MULTIPROCESSORS: dict[int, int] = {}
-
-
-def _target_programs(device: torch.device, per_sm: int, target: int) -> int:
-    """About how many programs a launch should have to fill ``device`` (``target`` if > 0)."""
-    if target > 0:
-        return target
-    if device.type != "cuda":
-        return 1
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _MULTIPROCESSORS:
-        _MULTIPROCESSORS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return per_sm * _MULTIPROCESSORS[index]
-
-
-def _split(length: int, block: int, other_programs: int, target: int) -> tuple[int, int]:
-    """``(splits, elements per split)``: ``length`` in whole ``block`` tiles, cut so that
-    ``other_programs * splits`` is about ``target``."""
-    tiles = triton.cdiv(length, block)
-    wanted = min(tiles, max(1, triton.cdiv(target, other_programs)))
-    per_split = triton.cdiv(tiles, wanted) * block
-    return triton.cdiv(length, per_split), per_split
 
 
 class _Launch:
     """The arguments every kernel shares (pointers, sizes, strides, parameters, flags)."""
 
     def __init__(self, queries, refs, labels, ref_labels, self_columns, categories, weights,
-                 diagonal, alpha, margin, Tn, Tp, tiles):  # fmt: skip
+                 diagonal, alpha, margin, Tn, Tp, sizes, precision):  # fmt: skip
         dense, given = categories is not None, weights is not None
         dummy = queries  # unused pointers are never read (their branch is compiled out)
         q_sq, r_sq = (queries * queries).sum(1), (refs * refs).sum(1)
@@ -72,25 +52,22 @@ class _Launch:
         # every exp(T x), x < 0, is 0 (the hardest-pair limit, as reference.scaled_exp_).
         big = torch.finfo(torch.float32).max
         self.params = (alpha, alpha - margin, *(t if t <= big else float("inf") for t in (Tn, Tp)))
-        block_n, block_m, block_k, block_d, warps, stages, per_sm, target = tiles
-        self.blocks = (block_n, block_m, block_d)
-        d = self.sizes[2]
+        # The operators' int[] and str back to the launch parameters.
+        self.tiles = tiles = triton_tiles.Tiles.decode(sizes, precision)
         self.flags = dict(
-            BLOCK_N=block_n, BLOCK_M=block_m,
-            BLOCK_K=max(16, min(block_k, triton.next_power_of_2(max(d, 1)))),
+            BLOCK_N=tiles.block_n, BLOCK_M=tiles.block_m,
+            BLOCK_K=triton_tiles.width_block(tiles.block_k, self.sizes[2]),
             DENSE=dense, HAS_SELF=self_columns is not None and not dense,
             DIAGONAL=bool(diagonal) and not dense, GIVEN=given, POS_T0=Tp == 0.0,
-            NEG_T0=Tn == 0.0,
+            NEG_T0=Tn == 0.0, PRECISION=tiles.precision,
         )  # fmt: skip
-        self.options = dict(num_warps=warps, num_stages=stages)
-        self.target = _target_programs(queries.device, per_sm, target)
+        self.options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        self.target = triton_tiles.target_programs(queries.device, tiles)
 
-    def run(self, kernel, grid, tensors, split, precision, **flags):
-        device = self.pointers[0].device
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+    def run(self, kernel, grid, tensors, split, **flags):
+        with triton_tiles.on_device(self.pointers[0].device):
             kernel[grid](*self.pointers, *tensors, *self.sizes, *self.strides, *self.params,
-                         split, **self.flags, **flags, PRECISION=precision,
-                         **self.options)  # fmt: skip
+                         split, **self.flags, **flags, **self.options)  # fmt: skip
 
 
 def merge_splits(parts: torch.Tensor, Tn: float, Tp: float, given: bool) -> torch.Tensor:
@@ -129,14 +106,11 @@ def _scaled_exp(x: torch.Tensor, T: float) -> torch.Tensor:
     return torch.where(x == 0, 1.0, torch.exp(x * T))
 
 
-def _row_statistics(launch: _Launch, track_tn: bool, precision: str) -> torch.Tensor:
+def _row_statistics(launch: _Launch, track_tn: bool) -> torch.Tensor:
     n, m, _ = launch.sizes
-    block_n, block_m, _ = launch.blocks
-    row_blocks = triton.cdiv(n, block_n)
-    splits, split_cols = _split(m, block_m, row_blocks, launch.target)
-    parts = launch.pointers[0].new_empty(splits, NUM_STATS, n)
-    launch.run(triton_jit.stats_kernel, (row_blocks, splits), (parts,), split_cols, precision,
-               TRACK_TN=track_tn)  # fmt: skip
+    grid, split_cols = triton_tiles.forward_grid(n, m, launch.tiles, launch.target)
+    parts = launch.pointers[0].new_empty(grid[1], NUM_STATS, n)
+    launch.run(triton_jit.stats_kernel, grid, (parts,), split_cols, TRACK_TN=track_tn)
     _, _, Tn, Tp = launch.params
     return merge_splits(parts, Tn, Tp, launch.flags["GIVEN"])
 
@@ -149,19 +123,16 @@ def _losses(stats: torch.Tensor, alpha: float, margin: float, lam: float, lam_po
     return pos_loss * lam_pos + neg_loss * lam, pos_loss, neg_loss, inv_zp, inv_zn
 
 
-def _gradient(launch: _Launch, coef: torch.Tensor, of_queries: bool, precision: str):
+def _gradient(launch: _Launch, coef: torch.Tensor, of_queries: bool):
     """``Q rowsum(C) - C R`` (``of_queries``) or ``R colsum(C) - C^T Q``, split and summed."""
     n, m, d = launch.sizes
-    block_n, block_m, block_d = launch.blocks
-    block_d = max(16, min(block_d, triton.next_power_of_2(max(d, 1))))
-    owned, looped = (n, m) if of_queries else (m, n)
-    owned_block, looped_block = (block_n, block_m) if of_queries else (block_m, block_n)
-    programs = triton.cdiv(owned, owned_block) * triton.cdiv(d, block_d)
-    splits, per_split = _split(looped, looped_block, programs, launch.target)
-    out = coef.new_empty(splits, owned, d)
+    grid, per_split, block_d = triton_tiles.gradient_grid(
+        n, m, d, launch.tiles, launch.target, of_queries
+    )
+    splits = grid[2]
+    out = coef.new_empty(splits, n if of_queries else m, d)
     kernel = triton_jit.grad_queries_kernel if of_queries else triton_jit.grad_refs_kernel
-    grid = (triton.cdiv(owned, owned_block), triton.cdiv(d, block_d), splits)
-    launch.run(kernel, grid, (coef, out), per_split, precision, BLOCK_D=block_d)
+    launch.run(kernel, grid, (coef, out), per_split, BLOCK_D=block_d)
     return out[0] if splits == 1 else out.sum(0)
 
 
@@ -196,8 +167,8 @@ def ranked_list_op(
         stats = queries.new_zeros(NUM_STATS, n)
     else:
         launch = _Launch(queries, refs, labels, ref_labels, self_columns, categories, weights,
-                         diagonal, alpha, margin, Tn, Tp, tiles)  # fmt: skip
-        stats = _row_statistics(launch, share and weights is not None and Tn != 0.0, precision)
+                         diagonal, alpha, margin, Tn, Tp, tiles, precision)  # fmt: skip
+        stats = _row_statistics(launch, share and weights is not None and Tn != 0.0)
     loss, pos_loss, neg_loss, _, _ = _losses(stats, alpha, margin, lam, lam_pos)
     return loss, pos_loss, neg_loss, stats[3].long(), stats[7].long(), stats.clone()
 
@@ -234,8 +205,8 @@ def ranked_list_grad_op(
     if min(len(queries), len(refs), queries.shape[1]) == 0:
         return torch.zeros_like(queries if of_queries else refs)
     launch = _Launch(queries, refs, labels, ref_labels, self_columns, categories, weights,
-                     diagonal, alpha, margin, Tn, Tp, tiles)  # fmt: skip
-    return _gradient(launch, coef.contiguous(), of_queries, precision)
+                     diagonal, alpha, margin, Tn, Tp, tiles, precision)  # fmt: skip
+    return _gradient(launch, coef.contiguous(), of_queries)
 
 
 @ranked_list_grad_op.register_fake

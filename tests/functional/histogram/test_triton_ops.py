@@ -55,7 +55,7 @@ def _inputs(n=7, m=9, d=5):
 
 def _opcheck_cases():
     q, r, labels, ref_labels, categories = _inputs()
-    sizes, precision = triton_ops.tile_args(SMALL)
+    sizes, precision = SMALL.encode()
     q, r = q.requires_grad_(), r.requires_grad_()
     own = torch.randperm(7, generator=torch.Generator().manual_seed(1))
     sources = {
@@ -131,7 +131,7 @@ def _op_equals_eager_function():
     graph runs) gives the same histograms and gradients, bit for bit."""
     q, r, labels, ref_labels, _ = _inputs()
     w = torch.randn(7, 2, 11, generator=torch.Generator().manual_seed(7))
-    sizes, precision = triton_ops.tile_args(SMALL)
+    sizes, precision = SMALL.encode()
     out = {}
     for path in ("eager", "op"):
         qq, rr = q.clone().requires_grad_(), r.clone().requires_grad_()
@@ -287,7 +287,7 @@ def test_fake_implementations_give_shapes_and_dtypes(dense):
     meta = [t.to("meta") for t in _inputs(n=5, m=8, d=3)]
     q, r, labels, ref_labels, categories = meta
     source = (None, None, None, categories) if dense else (labels, ref_labels, None, None)
-    sizes, precision = triton_ops.tile_args(DEFAULT_TILES)
+    sizes, precision = DEFAULT_TILES.encode()
     hist = triton_ops.histograms_op(q, r, *source, 5.0, -5.0, 12, sizes, precision)
     assert (hist.shape, hist.dtype, hist.device.type) == ((5, 2, 13), torch.float32, "meta")
     slope = torch.empty(5, 2, 13, device="meta")
@@ -295,12 +295,3 @@ def test_fake_implementations_give_shapes_and_dtypes(dense):
         grad = triton_ops.gradient_op(slope, q, r, *source, 5.0, -5.0, 12, sizes, precision,
                                       of_queries)  # fmt: skip
         assert (grad.shape, grad.dtype) == (shape, torch.float32)
-
-
-@pytest.mark.parametrize(
-    "tiles", [DEFAULT_TILES, SMALL, Tiles(block_k=64, target_programs=1, precision="ieee")]
-)
-def test_tile_encoding_round_trips(tiles):
-    sizes, precision = triton_ops.tile_args(tiles)
-    assert all(isinstance(size, int) for size in sizes) and len(sizes) == 8
-    assert triton_ops._tiles(sizes, precision) == tiles

@@ -299,7 +299,7 @@ def _opcheck():
     q, y = _unit(20, 12, gen).requires_grad_(), torch.randint(0, 5, (20,), generator=gen)
     cats = torch.randint(0, 3, (20, 20), generator=gen, dtype=torch.int8)
     wgt = torch.rand(20, 20, generator=gen)
-    tiles = ONE.as_list()
+    tiles, _ = ONE.encode()
     results = []
     for pairs in ((y, y, None, None, None, True), (None, None, None, cats, wgt, False)):
         args = (q, q.detach(), *pairs, 1.2, 0.4, 10.0, 1.0, 1.0, 1.0, True, tiles, "tf32x3")
