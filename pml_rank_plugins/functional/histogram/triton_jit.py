@@ -32,8 +32,8 @@ if triton is not None:
         other value ignored), or from the labels (equal: positive) with each row's
         ``self_columns`` entry ignored. Pairs outside the matrices are neither."""
         inside = row_ok[:, None] & col_ok[None, :]
-        if DENSE:
-            cat = tl.load(cat_ptr + rows[:, None] * scn + cols[None, :] * scm,
+        if DENSE:  # int64 row offsets: an (N, M) int8 input may pass 2^31 elements
+            cat = tl.load(cat_ptr + rows[:, None].to(tl.int64) * scn + cols[None, :] * scm,
                           mask=inside, other=2)
             pos = cat == 0
             neg = cat == 1
