@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from .options import DEVICE_FORMS
+from .options import DEVICE_FORMS, compile_overrides
 
 __all__ = [
     "BadArgument",
@@ -146,6 +146,20 @@ def check_config_devices(args: argparse.Namespace, configs: dict) -> None:
     if args.device is None:
         for name, cfg in configs.items():
             check_device(cfg.get("device"), f"method {name!r}: device")
+
+
+def collect_one_config(args: argparse.Namespace) -> tuple[dict, list[str] | None, str | None]:
+    """``(configs, names, root)`` of a command on one CONFIG (tune, study): ``--compile`` made
+    the first ``--set`` (in ``args.overrides``), the ``--methods`` selected under the data root
+    collected and validated once, their devices checked."""
+    from ..experiment import collect_methods
+
+    args.overrides = compile_overrides(args)
+    (path,) = config_paths([args.config])
+    names, root = methods(args), data_root(args)
+    configs = load(collect_methods, [path], args.overrides, names, root)
+    check_config_devices(args, configs)
+    return configs, names, root
 
 
 def report_failures(summary: dict) -> int:

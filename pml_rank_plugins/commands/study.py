@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .base import Command, check_config_devices, config_paths, data_root, load, methods
+from .base import Command, collect_one_config
 from .options import (
     CONFIG_HELP,
     add_common,
@@ -15,7 +15,6 @@ from .options import (
     add_methods,
     add_resume,
     add_stats,
-    compile_overrides,
 )
 
 __all__ = ["Study"]
@@ -72,14 +71,9 @@ class Study(Command):
         add_common(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..experiment import collect_methods
         from ..reporting import run_study
 
-        args.overrides = compile_overrides(args)  # --compile: the first --set
-        (path,) = config_paths([args.config])
-        names, root = methods(args), data_root(args)
-        configs = load(collect_methods, [path], args.overrides, names, root)
-        check_config_devices(args, configs)
+        configs, names, root = collect_one_config(args)  # --compile: the first --set
         report = run_study(
             configs,  # the collected specs: validated once, not read again
             args.out,

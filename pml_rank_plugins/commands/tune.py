@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .base import Command, check_config_devices, config_paths, data_root, load, methods
-from .options import CONFIG_HELP, add_common, add_compile, add_methods, compile_overrides
+from .base import Command, collect_one_config
+from .options import CONFIG_HELP, add_common, add_compile, add_methods
 
 __all__ = ["Tune"]
 
@@ -54,14 +54,9 @@ class Tune(Command):
         add_compile(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..experiment import collect_methods
         from ..reporting import run_tune
 
-        args.overrides = compile_overrides(args)  # --compile: the first --set
-        (path,) = config_paths([args.config])
-        names, root = methods(args), data_root(args)
-        configs = load(collect_methods, [path], args.overrides, names, root)
-        check_config_devices(args, configs)
+        configs, names, root = collect_one_config(args)  # --compile: the first --set
         summary = run_tune(
             configs,  # the collected specs: validated once, not read again
             args.out,
