@@ -729,4 +729,4 @@ def test_gpu_bench_runs_the_memory_bank_on_gpu_and_triton_by_default():
     full = re.search(r"device=cuda backends=\S+ bank_backends=(\S+)", script)
     assert full.group(1).split(",")[:2] == ["gpu", "triton"]
     assert "memory=(--memory 65536 --batch 256 --dim 128)" in script
-    assert re.search(r'want bank && run .*bench_memory_bank\.py', script)
+    assert re.search(r"want bank && run .*bench_memory_bank\.py", script)
