@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from functools import partial
 
 import torch
@@ -244,11 +243,8 @@ class RankedListLoss(SelfIndexForward, BaseMetricLossFunction):
         backend = call_backend(device, self.backend, embeddings.dtype)
         if backend != "cpu":
             values = checks_values(backend, self.check_values)
-            # Under torch.compile the thread count is not the graph's to set (a graph break at
-            # torch.get_num_threads, which would cost fullgraph=True): the compiled kernels
-            # keep torch's threads, values unchanged.
-            threads = nullcontext() if torch.compiler.is_compiling() else None
-            with autocast_off(device.type), threads or one_torch_thread(device, glue):
+            # (one_torch_thread is a no-op while torch.compile traces: see chunk_threads.)
+            with autocast_off(device.type), one_torch_thread(device, glue):
                 terms = sync_free_loss_terms(
                     self,
                     embeddings,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 from pytorch_metric_learning.distances import LpDistance
 from pytorch_metric_learning.miners import BaseMiner
@@ -195,11 +193,9 @@ class RankedListMiner(BaseMiner):
         # Under torch.autocast the distance product would run in low precision: mine in float32.
         # On one torch thread around the chunks (see chunk_threads.one_torch_thread).
         device, glue = embeddings.device, glue_elements(embeddings, ref_emb)
-        # Under torch.compile the gpu path keeps torch's threads (torch.get_num_threads is a
-        # graph break): its one graph break is then the pair counts' read (host_counts).
-        compiling = backend != "cpu" and torch.compiler.is_compiling()
-        threads = nullcontext() if compiling else one_torch_thread(device, glue)
-        with torch.autocast(device.type, enabled=False), threads:
+        # (A no-op while torch.compile traces, see chunk_threads: the gpu path's one graph break
+        # is then the pair counts' read, host_counts.)
+        with torch.autocast(device.type, enabled=False), one_torch_thread(device, glue):
             if backend != "cpu":
                 pairs = sync_free_mine(
                     self, embeddings, labels, ref_emb, ref_labels, self_index, values

@@ -11,7 +11,6 @@ other distances and the module without triton are checked in-process.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
@@ -255,21 +254,6 @@ def _bad_indices():
     return dict(case="bad_indices_nan_loss", ok=ok, losses=losses)
 
 
-@contextlib.contextmanager
-def _cuda_like_glue():
-    """``one_torch_thread`` as on CUDA, where it is a no-op: on CPU it reads
-    ``torch.get_num_threads()``, which dynamo cannot trace (a graph break), and this process
-    runs the kernels on CPU tensors only because of the interpreter."""
-    from pml_rank_plugins.losses import ranked_list as loss_module
-
-    real = loss_module.one_torch_thread
-    loss_module.one_torch_thread = lambda *args: contextlib.nullcontext()
-    try:
-        yield
-    finally:
-        loss_module.one_torch_thread = real
-
-
 def _compiled():
     """``torch.compile(fullgraph=True, backend="aot_eager")`` of the loss on triton (through the
     custom operators' fake implementations) equals the eager loss, value and gradient."""
@@ -277,12 +261,12 @@ def _compiled():
     x, y = torch.randn(30, 12, generator=gen), torch.randint(0, 5, (30,), generator=gen)
     loss_func = RankedListLoss(backend="triton", Tp=1.0, query_weighting="weight_share")
     results = []
-    with _cuda_like_glue():
-        for step in (loss_func, torch.compile(loss_func, fullgraph=True, backend="aot_eager")):
-            e = x.clone().requires_grad_()
-            loss = step(e, y)
-            loss.backward()
-            results.append((loss.detach(), e.grad))
+    # The real glue: one_torch_thread is a no-op while Dynamo traces (chunk_threads).
+    for step in (loss_func, torch.compile(loss_func, fullgraph=True, backend="aot_eager")):
+        e = x.clone().requires_grad_()
+        loss = step(e, y)
+        loss.backward()
+        results.append((loss.detach(), e.grad))
     torch._dynamo.reset()
     (value, grad), (value_c, grad_c) = results
     value_error = float((value - value_c).abs())
