@@ -24,21 +24,13 @@ product (B <= a few dozen bins in practice), O(N B) memory.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from ..eager_cache import eager_lru_cache
 
+
+@eager_lru_cache(maxsize=32)  # under torch.compile built in the graph (eager_cache)
 def _gradient_matrix(bins: int, tie_aware: bool, dtype, device) -> torch.Tensor:
-    """:func:`_build_gradient_matrix`, cached per arguments; under ``torch.compile`` built in the
-    graph instead (dynamo traces the builder either way and warns of a ``lru_cache`` it
-    ignores)."""
-    if torch.compiler.is_compiling():
-        return _build_gradient_matrix(bins, tie_aware, dtype, device)
-    return _cached_gradient_matrix(bins, tie_aware, dtype, device)
-
-
-def _build_gradient_matrix(bins: int, tie_aware: bool, dtype, device) -> torch.Tensor:
     """``(3 B, 2 B)``: ``[a, a P, P] @ M = -[sum_l w_lk a_l (1 - P_l) + P_k, -sum_l w_lk a_l P_l]``
     (``d loss / d hist`` up to the per-query factor; ``loss = 1 - AP``). Built from Python
     values."""
@@ -54,9 +46,6 @@ def _build_gradient_matrix(bins: int, tie_aware: bool, dtype, device) -> torch.T
         ]
     )
     return matrix.to(device=device, dtype=dtype)
-
-
-_cached_gradient_matrix = functools.lru_cache(maxsize=32)(_build_gradient_matrix)
 
 
 class MaskedAPLosses(torch.autograd.Function):

@@ -45,12 +45,12 @@ to IEEE float32 on CUDA (no TF32), forward and backward.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 
 import torch
 
 from ..chunking import IGNORED, DenseCategories, LabelCategories, rows_per_chunk
+from ..eager_cache import eager_lru_cache
 
 # Up to this many pairs (16 MiB of int64 columns: N = M = 1448) a one-chunk forward keeps its
 # bin columns for backward instead of recomputing them: eight operators fewer per call where
@@ -169,15 +169,8 @@ class LabelPairs(LabelCategories):
         return cached[1]
 
 
+@eager_lru_cache(maxsize=64)  # under torch.compile built in the graph (eager_cache)
 def _constants(num_intervals: int, offset: float, scale: float, dtype, device):
-    """:func:`_build_constants`, cached per arguments; under ``torch.compile`` built in the graph
-    instead (dynamo traces the builder either way and warns of a ``lru_cache`` it ignores)."""
-    if torch.compiler.is_compiling():
-        return _build_constants(num_intervals, offset, scale, dtype, device)
-    return _cached_constants(num_intervals, offset, scale, dtype, device)
-
-
-def _build_constants(num_intervals: int, offset: float, scale: float, dtype, device):
     """``(shift, fold, slope)`` for ``L = num_intervals`` bins (built from Python values: no
     device data is read; a few KiB each).
 
@@ -202,9 +195,6 @@ def _build_constants(num_intervals: int, offset: float, scale: float, dtype, dev
     slope = (spread[:, 1:] - spread[:, :-1]) * scale
     shift = torch.tensor(offset + 1.0, dtype=dtype)
     return tuple(t.to(device=device, dtype=dtype) for t in (shift, fold, slope))
-
-
-_cached_constants = functools.lru_cache(maxsize=64)(_build_constants)
 
 
 class GpuPairHistogram(torch.autograd.Function):
