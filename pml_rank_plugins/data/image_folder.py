@@ -7,10 +7,9 @@ import csv
 from pathlib import Path
 from typing import Callable
 
-from .images import DatasetFormatError, ImageListDataset, format_error
+from .images import IMAGE_SUFFIXES, DatasetFormatError, ImageListDataset, format_error
 from .labels import UNLABELED
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 MAPPING_HEADER = ["class", "category"]
 
 

@@ -18,6 +18,9 @@ from torch.utils.data import Dataset
 
 from .labels import as_two_level
 
+# The file suffixes read as images (any case): by ImageFolderDataset and by ``embed --images``.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
 
 class DatasetFormatError(ValueError):
     """An annotation file is missing or malformed; the message names the file (and line)."""

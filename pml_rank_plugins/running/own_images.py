@@ -10,9 +10,7 @@ from typing import Callable
 import PIL.Image
 import torch
 
-from ..data.images import DatasetFormatError, load_image, to_float_tensor
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+from ..data.images import IMAGE_SUFFIXES, DatasetFormatError, load_image, to_float_tensor
 
 
 @dataclass(frozen=True)
