@@ -14,7 +14,7 @@ kept (:class:`~pml_rank_plugins.data.ImageFolderDataset`'s class folders).
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable
+from typing import Hashable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -149,12 +149,20 @@ def label_names(dataset) -> tuple[list[str] | None, list[str] | None]:
     through ``Subset`` / :class:`~pml_rank_plugins.data.LabeledSubset` wrappers (their
     ``.dataset``; a subset keeps the ids of the dataset it cuts). ``None`` for what the dataset
     does not keep (integer ids only, as in the published benchmarks' readers). O(depth)."""
+    for each in wrapped_datasets(dataset):
+        classes = getattr(each, "class_names", None)
+        if classes is not None:
+            categories = getattr(each, "category_names", None)
+            return list(classes), (list(categories) if categories else None)
+    return None, None
+
+
+def wrapped_datasets(dataset) -> Iterator:
+    """``dataset``, then the dataset each ``Subset`` / :class:`~pml_rank_plugins.data.LabeledSubset`
+    wrapper cuts (its ``.dataset``), outermost first, the dataset that holds the files last;
+    stops at a cycle. O(depth)."""
     seen: set[int] = set()
     while dataset is not None and id(dataset) not in seen:
         seen.add(id(dataset))
-        classes = getattr(dataset, "class_names", None)
-        if classes is not None:
-            categories = getattr(dataset, "category_names", None)
-            return list(classes), (list(categories) if categories else None)
+        yield dataset
         dataset = getattr(dataset, "dataset", None)
-    return None, None

@@ -29,6 +29,7 @@ import sys
 from typing import Mapping
 
 from ..data.images import DatasetFormatError
+from ..data.labels import wrapped_datasets
 
 LARGE = 1000  # images from which the scan shows a progress bar
 SHOWN = 20  # findings listed in an error message; the rest are counted
@@ -43,11 +44,8 @@ class DataScanError(DatasetFormatError):
 def base_datasets(datasets: Mapping | list) -> list:
     """The distinct datasets behind ``datasets`` (a Subset's ``.dataset`` followed), in order."""
     out, seen = [], set()
-    for dataset in datasets.values() if isinstance(datasets, Mapping) else datasets:
-        for _ in range(10):  # LabeledSubset(Subset(...)): a short chain
-            if not hasattr(dataset, "dataset"):
-                break
-            dataset = dataset.dataset
+    for outer in datasets.values() if isinstance(datasets, Mapping) else datasets:
+        *_, dataset = wrapped_datasets(outer)  # LabeledSubset(Subset(...)): the innermost
         if id(dataset) not in seen:
             seen.add(id(dataset))
             out.append(dataset)

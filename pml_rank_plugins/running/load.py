@@ -29,6 +29,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from ..data.labels import wrapped_datasets
 from ..experiment import builder
 from ..experiment.spec import RunSpec
 from ..experiment.transforms import build_transforms, collate_for
@@ -142,13 +143,10 @@ def _image_mode(datasets: Mapping) -> str:
 def _prepare_step(datasets: Mapping):
     """The datasets' ``prepare_image`` (an image file -> the PIL image their transform sees, e.g.
     Omniglot's resize and inversion), following Subset wrappers; None when they have none."""
-    for dataset in datasets.values():
-        for _ in range(10):  # LabeledSubset(Subset(...)): a short chain, never a cycle
+    for outer in datasets.values():
+        for dataset in wrapped_datasets(outer):  # LabeledSubset(Subset(...)): a short chain
             if callable(getattr(dataset, "prepare_image", None)):
                 return dataset.prepare_image
-            if not hasattr(dataset, "dataset"):
-                break
-            dataset = dataset.dataset
     return None
 
 

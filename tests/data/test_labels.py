@@ -97,3 +97,17 @@ def test_as_two_level_takes_encoded_string_labels_and_object_arrays_of_ints():
     categories, _ = encode_labels(["animal", "animal", "animal"])
     assert as_two_level(classes, categories).tolist() == [[1, 0], [0, 0], [1, 0]]
     assert as_two_level(np.array([[1, 0], [2, 0]], dtype=object)).tolist() == [[1, 0], [2, 0]]
+
+
+def test_wrapped_datasets_walks_outermost_first_and_stops_at_a_cycle():
+    from torch.utils.data import Subset
+
+    from pml_rank_plugins.data.labels import wrapped_datasets
+
+    base = list(range(6))
+    inner = Subset(base, [0, 1, 2])
+    outer = Subset(inner, [0, 1])
+    assert list(wrapped_datasets(outer)) == [outer, inner, base]
+    loop = Subset(base, [0])
+    loop.dataset = loop  # a wrapper that names itself: visited once, never an endless walk
+    assert list(wrapped_datasets(loop)) == [loop]
